@@ -1,0 +1,51 @@
+// A micro-batch value: one tensor, or a tuple of tensors passed between layers together.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+// What flows between layers and stages. A layer with `forward(torch::Tensor)` receives an
+// atomic batch; a layer with `forward(std::vector<torch::Tensor>)` receives a tuple, which may
+// mix floating tensors (activations) with others (masks, token ids) that carry no gradient.
+class Batch {
+ public:
+  Batch() = default;
+  /*implicit*/ Batch(torch::Tensor tensor);                // NOLINT: atomic batch
+  /*implicit*/ Batch(std::vector<torch::Tensor> tensors);  // NOLINT: tuple batch
+  // An explicit tuple of one element (not atomic), for layers that take a vector of one.
+  static Batch tuple(std::vector<torch::Tensor> tensors);
+
+  bool atomic() const { return atomic_; }
+  size_t size() const { return values_.size(); }
+  bool empty() const { return values_.empty(); }
+
+  // The tensor of an atomic batch; BatchError for a tuple.
+  const torch::Tensor& tensor() const;
+  torch::Tensor& tensor();
+  const std::vector<torch::Tensor>& tensors() const { return values_; }
+  std::vector<torch::Tensor>& tensors() { return values_; }
+  const torch::Tensor& operator[](size_t i) const { return values_.at(i); }
+  torch::Tensor& operator[](size_t i) { return values_.at(i); }
+
+  // Rows along dim 0 (every tensor of a batch has the same count).
+  int64_t rows() const;
+  // The same kind of batch (atomic or tuple) holding other tensors.
+  Batch with(std::vector<torch::Tensor> tensors) const;
+  // "Tensor[32, 1024] Float" or "(Tensor[4, 8] Float, Tensor[4, 8] Bool)", for messages.
+  std::string describe() const;
+
+ private:
+  std::vector<torch::Tensor> values_;
+  bool atomic_ = true;
+};
+
+// Runs one layer on a batch, choosing `forward(Tensor)` for an atomic batch and
+// `forward(std::vector<Tensor>)` for a tuple; the layer may return either form. A layer whose
+// signature does not fit raises BatchError naming the layer index, its name and the batch.
+Batch call_layer(torch::nn::AnyModule& layer, const Batch& input, int64_t layer_index = -1);
+
+}  // namespace pipetrain

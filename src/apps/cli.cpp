@@ -1,0 +1,45 @@
+// The `pipetrain` command line: global flags, subcommand dispatch and error reporting.
+#include <iostream>
+
+#include "apps/commands.h"
+#include "pipetrain/error.h"
+#include "pipetrain/util/blas.h"
+#include "pipetrain/version.h"
+
+namespace pipetrain::apps {
+
+void add_all_commands(CLI::App& app, int& exit_code) {
+  (void)app;
+  (void)exit_code;
+}
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"pipetrain: pipeline-parallel training for LibTorch", "pipetrain"};
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("--version", version, "print the version and the active BLAS library, then exit");
+  int exit_code = 0;
+  add_all_commands(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const pipetrain::Error& e) {
+    std::cerr << "pipetrain: " << e.what() << "\n";
+    return exit_code != 0 ? exit_code : 1;
+  }
+  if (version) {
+    const auto info = util::blas_info();
+    std::cout << "pipetrain " << PIPETRAIN_VERSION << "\n" << util::describe_blas(info) << "\n";
+    const auto warning = util::blas_warning(info);
+    if (!warning.empty()) std::cerr << warning << "\n";
+    return 0;
+  }
+  if (app.get_subcommands().empty()) {
+    std::cout << app.help();
+    return 0;
+  }
+  return exit_code;
+}
+
+}  // namespace pipetrain::apps
