@@ -6,4 +6,5 @@
 #include "pipetrain/util/log.h"
 #include "pipetrain/version.h"
 #include "pipetrain/batch/batch.h"
+#include "pipetrain/batch/data_iterator.h"
 #include "pipetrain/partition/layer_spec.h"
