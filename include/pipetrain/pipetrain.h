@@ -8,3 +8,5 @@
 #include "pipetrain/batch/batch.h"
 #include "pipetrain/batch/data_iterator.h"
 #include "pipetrain/partition/layer_spec.h"
+#include "pipetrain/partition/balance.h"
+#include "pipetrain/partition/min_max.h"

@@ -1,0 +1,198 @@
+// Automatic balancing: per-layer costs and the min-max balances built from them.
+#include "pipetrain/partition/balance.h"
+
+#include <regex>
+#include <unordered_set>
+
+#include "pipetrain/error.h"
+
+namespace pipetrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A detached copy whose floating tensors require grad, so a layer's backward stops at its input.
+Batch detached_input(const Batch& batch) {
+  std::vector<torch::Tensor> values;
+  for (const auto& t : batch.tensors()) {
+    auto d = t.detach();
+    if (d.is_floating_point()) d.requires_grad_(true);
+    values.push_back(d);
+  }
+  return batch.with(std::move(values));
+}
+
+// Runs the backward of one layer's floating outputs with all-ones gradients.
+void backward_outputs(const Batch& output) {
+  std::vector<torch::Tensor> outputs, grads;
+  for (const auto& t : output.tensors()) {
+    if (t.requires_grad()) {
+      outputs.push_back(t);
+      grads.push_back(torch::ones_like(t));
+    }
+  }
+  if (!outputs.empty()) torch::autograd::backward(outputs, grads);
+}
+
+std::vector<torch::nn::AnyModule> layers_of(const torch::nn::Sequential& model) {
+  std::vector<torch::nn::AnyModule> layers;
+  for (const auto& layer : *model) layers.push_back(layer);
+  return layers;
+}
+
+std::regex compile_type_pattern(const std::string& pattern) {
+  try {
+    return std::regex(pattern, std::regex::ECMAScript | std::regex::icase);
+  } catch (const std::regex_error& e) {
+    throw ConfigError("invalid layer type pattern '" + pattern + "': " + e.what() +
+                      "; write an ECMAScript regex such as 'Linear|Conv2d'");
+  }
+}
+
+std::vector<double> match_types(const std::vector<std::string>& types, const std::string& pattern) {
+  const auto re = compile_type_pattern(pattern);
+  std::vector<double> costs;
+  bool any = false;
+  for (const auto& type : types) {
+    const bool hit = std::regex_search(type, re);
+    any = any || hit;
+    costs.push_back(hit ? 1.0 : 0.0);
+  }
+  if (!any) {
+    std::string seen;
+    std::unordered_set<std::string> listed;
+    for (const auto& type : types) {
+      if (listed.insert(type).second) seen += (seen.empty() ? "" : ", ") + type;
+    }
+    throw ConfigError("layer type pattern '" + pattern + "' matches no layer (types: " + seen +
+                      "); pick a pattern that matches the layers to balance");
+  }
+  return costs;
+}
+
+}  // namespace
+
+std::vector<int64_t> balance_uniform(int64_t layers, int64_t parts) {
+  if (parts < 1 || parts > layers) {
+    throw ConfigError("cannot split " + std::to_string(layers) + " layers into " +
+                      std::to_string(parts) + " stages; use between 1 and " +
+                      std::to_string(layers) + " stages");
+  }
+  std::vector<int64_t> balance(parts, layers / parts);
+  for (int64_t j = 0; j < layers % parts; ++j) ++balance[j];
+  return balance;
+}
+
+std::string short_type_name(const torch::nn::Module& module) {
+  std::string name = module.name();
+  const auto colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+  return name;
+}
+
+std::vector<double> parameter_costs(const torch::nn::Sequential& model) {
+  std::vector<double> costs;
+  for (const auto& layer : *model) {
+    double count = 0;
+    for (const auto& p : layer.ptr()->parameters()) count += static_cast<double>(p.numel());
+    costs.push_back(count);
+  }
+  return costs;
+}
+
+std::vector<double> parameter_costs(const std::vector<LayerSpec>& specs) {
+  std::vector<double> costs;
+  std::unordered_set<std::string> tied_seen;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& spec = specs[i];
+    if (spec.tied() && !tied_seen.insert(spec.tied_key).second) {
+      costs.push_back(0.0);  // the shared module's parameters were counted at its first use
+      continue;
+    }
+    auto built = build_layers(specs, static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
+    double count = 0;
+    for (const auto& p : built.parameters()) count += static_cast<double>(p.numel());
+    costs.push_back(count);
+  }
+  return costs;
+}
+
+std::vector<double> type_costs(const std::vector<LayerSpec>& specs, const std::string& pattern) {
+  std::vector<std::string> types;
+  for (const auto& spec : specs) types.push_back(spec.type.empty() ? spec.name : spec.type);
+  return match_types(types, pattern);
+}
+
+std::vector<double> type_costs(const torch::nn::Sequential& model, const std::string& pattern) {
+  std::vector<std::string> types;
+  for (const auto& layer : *model) types.push_back(short_type_name(*layer.ptr()));
+  return match_types(types, pattern);
+}
+
+std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& sample,
+                               const TimeProfileOptions& options) {
+  auto layers = layers_of(model);
+  std::vector<double> total(layers.size(), 0.0);
+  torch::AutoGradMode grad_mode(true);
+  const auto start = Clock::now();
+  int64_t counted = 0;
+  for (int64_t pass = 0;; ++pass) {
+    Batch x = sample;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Batch input = detached_input(x);
+      const auto t0 = Clock::now();
+      Batch y = call_layer(layers[i], input, static_cast<int64_t>(i));
+      backward_outputs(y);
+      if (pass > 0) total[i] += seconds_since(t0);
+      x = y;
+    }
+    if (pass > 0) ++counted;
+    const bool enough_passes = pass >= options.min_passes - 1 && counted > 0;
+    if (enough_passes && Clock::now() - start >= options.budget) break;
+  }
+  for (auto& t : total) t /= static_cast<double>(counted);
+  return total;
+}
+
+std::vector<double> size_costs(const torch::nn::Sequential& model, const Batch& sample,
+                               double param_scale) {
+  auto layers = layers_of(model);
+  std::vector<double> costs;
+  torch::AutoGradMode grad_mode(true);
+  Batch x = sample;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    double bytes = 0;
+    for (const auto& p : layers[i].ptr()->parameters()) {
+      bytes += param_scale * static_cast<double>(p.numel() * p.element_size());
+    }
+    Batch y = call_layer(layers[i], detached_input(x), static_cast<int64_t>(i));
+    for (const auto& t : y.tensors()) bytes += static_cast<double>(t.numel() * t.element_size());
+    costs.push_back(bytes);
+    x = y;
+  }
+  return costs;
+}
+
+std::vector<int64_t> balance_by_time(int64_t parts, const torch::nn::Sequential& model,
+                                     const Batch& sample, const TimeProfileOptions& options,
+                                     const MinMaxOptions& extras) {
+  return min_max_partition(time_costs(model, sample, options), parts, extras);
+}
+
+std::vector<int64_t> balance_by_size(int64_t parts, const torch::nn::Sequential& model,
+                                     const Batch& sample, double param_scale,
+                                     const MinMaxOptions& extras) {
+  return min_max_partition(size_costs(model, sample, param_scale), parts, extras);
+}
+
+std::vector<int64_t> balance_by_params(int64_t parts, const torch::nn::Sequential& model,
+                                       const MinMaxOptions& extras) {
+  return min_max_partition(parameter_costs(model), parts, extras);
+}
+
+}  // namespace pipetrain
