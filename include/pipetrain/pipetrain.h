@@ -10,3 +10,4 @@
 #include "pipetrain/partition/layer_spec.h"
 #include "pipetrain/partition/balance.h"
 #include "pipetrain/partition/min_max.h"
+#include "pipetrain/engine/config.h"

@@ -1,0 +1,84 @@
+// The engine's JSON configuration, with DeepSpeed's key names where they exist.
+//
+//   {
+//     "train_batch_size": 256,                 // = micro batch x accumulation steps x replicas
+//     "train_micro_batch_size_per_gpu": 32,
+//     "gradient_accumulation_steps": 8,        // micro-batches per step and replica
+//     "steps_per_print": 10,
+//     "wall_clock_breakdown": false,
+//     "gradient_clipping": 1.0,                // global norm across the whole pipeline; 0 = off
+//     "seed": 1234,
+//     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999],
+//                                               "eps": 1e-8, "weight_decay": 0.01}},
+//     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
+//                                                  "warmup_num_steps": 100}},
+//     "pipeline": {"activation_checkpoint_interval": 0, "schedule": "1f1b", "chunks": 1,
+//                  "partition_method": "parameters", "comm_timeout_s": 30,
+//                  "on_nonfinite_loss": "error"}
+//   }
+//
+// Unknown keys are an error naming them, so a typo never silently falls back to a default.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+struct OptimizerConfig {
+  std::string type = "SGD";  // SGD, Adam, AdamW, RMSprop, Adagrad
+  double lr = 0.01;
+  double momentum = 0.0;     // SGD, RMSprop
+  bool nesterov = false;     // SGD
+  double weight_decay = 0.0;
+  std::array<double, 2> betas{0.9, 0.999};  // Adam, AdamW
+  double eps = 1e-8;
+  double alpha = 0.99;  // RMSprop
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant), "WarmupLR", "WarmupDecayLR" (DeepSpeed's names)
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;
+  int64_t warmup_num_steps = 1000;
+  int64_t total_num_steps = 0;  // WarmupDecayLR: linear decay to 0 at this step
+  // The learning rate for a step (0-based) under this schedule; `base_lr` when type is "".
+  double lr_at(int64_t step, double base_lr) const;
+};
+
+struct PipelineConfig {
+  int64_t activation_checkpoint_interval = 0;  // checkpoint every N layers inside a stage; 0 = off
+  std::string schedule = "1f1b";               // a schedule kind (see `pipetrain schedule --help`)
+  int64_t chunks = 1;                          // model chunks per stage (interleaved, zb-v)
+  std::string partition_method = "parameters";  // parameters | uniform | type:REGEX | balance
+  std::vector<int64_t> balance;                 // partition_method "balance": layers per stage
+  double comm_timeout_s = 30.0;                 // every blocking wait between ranks
+  std::string on_nonfinite_loss = "error";      // error | skip (skip the step with a warning)
+};
+
+struct EngineConfig {
+  int64_t train_batch_size = 0;                // 0 = derive from the other two
+  int64_t train_micro_batch_size_per_gpu = 0;  // 0 = derive
+  int64_t gradient_accumulation_steps = 0;     // 0 = derive
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  double gradient_clipping = 0.0;
+  uint64_t seed = 1234;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  PipelineConfig pipeline;
+
+  // Fills in the batch-size triple for `replicas` data-parallel replicas with DeepSpeed's
+  // rules (any two determine the third; one alone means no accumulation) and checks
+  // train_batch_size == micro batch x accumulation steps x replicas. ConfigError otherwise.
+  void resolve_batch_sizes(int64_t replicas);
+
+  // Parses a JSON document; `origin` names it in errors (a file name).
+  static EngineConfig from_json_text(const std::string& text, const std::string& origin = "config");
+  static EngineConfig from_file(const std::string& path);
+  std::string to_json_text() const;
+};
+
+}  // namespace pipetrain
