@@ -1,0 +1,41 @@
+// The matrix products of the engine's Linear fast path, on a choice of CPU kernels.
+#include "pipetrain/runtime/gemm.h"
+
+#include <ATen/Context.h>
+
+#include "pipetrain/error.h"
+
+namespace pipetrain::runtime {
+
+bool onednn_available() { return at::hasMKLDNN(); }
+
+GemmKernel parse_gemm_kernel(const std::string& name) {
+  if (name == "blas") return GemmKernel::Blas;
+  if (name == "onednn") {
+    if (!onednn_available()) {
+      throw ConfigError("gemm kernel \"onednn\" requested but this LibTorch was built without "
+                        "oneDNN (MKLDNN); use \"blas\" or \"auto\"");
+    }
+    return GemmKernel::OneDnn;
+  }
+  if (name == "auto") return onednn_available() ? GemmKernel::OneDnn : GemmKernel::Blas;
+  throw ConfigError("unknown gemm kernel \"" + name + "\"; expected auto, blas or onednn");
+}
+
+std::string to_string(GemmKernel kernel) { return kernel == GemmKernel::OneDnn ? "onednn" : "blas"; }
+
+torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, GemmKernel kernel) {
+  const bool dense_cpu_float = a.device().is_cpu() && b.device().is_cpu() &&
+                               a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat &&
+                               a.dim() == 2 && b.dim() == 2 && a.layout() == torch::kStrided &&
+                               b.layout() == torch::kStrided;
+  if (kernel == GemmKernel::Blas || !dense_cpu_float) return torch::mm(a, b);
+  // oneDNN's backward-data primitive of an inner product computes grad_output x weight for a
+  // dense row-major weight (out x in): exactly A x B with "out" = K and "in" = N. It is the one
+  // oneDNN product LibTorch 1.13 exposes on dense operands without a per-call weight reorder.
+  const auto a_in = a.contiguous().to_mkldnn();
+  const auto b_in = b.contiguous();
+  return at::mkldnn_linear_backward_input({a.size(0), b.size(1)}, a_in, b_in).to_dense();
+}
+
+}  // namespace pipetrain::runtime

@@ -1,0 +1,120 @@
+// The Linear fast path gives autograd's gradients, with weight gradients fused later.
+#include "pipetrain/runtime/deferred_linear.h"
+
+#include <gtest/gtest.h>
+
+#include "pipetrain/error.h"
+
+namespace pipetrain::runtime {
+namespace {
+
+class DeferredLinearTest : public ::testing::TestWithParam<GemmKernel> {};
+
+void expect_close(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+  ASSERT_TRUE(a.defined()) << what;
+  ASSERT_TRUE(b.defined()) << what;
+  // float32 sums in a different order (fused over micro-batches, another kernel)
+  EXPECT_TRUE(torch::allclose(a, b, /*rtol=*/1e-4, /*atol=*/1e-6))
+      << what << ": max difference " << (a - b).abs().max().item<float>();
+}
+
+TEST_P(DeferredLinearTest, GradientsEqualAutogradOverMicroBatches) {
+  torch::manual_seed(0);
+  torch::nn::Linear ref1(16, 32), ref2(32, 8);
+  torch::nn::Linear fast1(16, 32), fast2(32, 8);
+  {
+    torch::NoGradGuard g;
+    fast1->weight.copy_(ref1->weight);
+    fast1->bias.copy_(ref1->bias);
+    fast2->weight.copy_(ref2->weight);
+    fast2->bias.copy_(ref2->bias);
+  }
+  DeferredLinear d1(fast1, GetParam()), d2(fast2, GetParam());
+  const auto x = torch::randn({12, 16});
+  const auto target = torch::randn({12, 8});
+  const auto xs = x.chunk(4), ts = target.chunk(4);
+  std::vector<torch::Tensor> input_grads;
+  for (int64_t mb = 0; mb < 4; ++mb) {
+    auto ref_in = xs[mb].clone().requires_grad_();
+    torch::mse_loss(ref2(torch::relu(ref1(ref_in))), ts[mb]).backward();
+    auto in = xs[mb].clone().requires_grad_();
+    auto y = d2.forward(torch::relu(d1.forward(in, mb)), mb);
+    torch::mse_loss(y, ts[mb]).backward();
+    EXPECT_FALSE(fast1->weight.grad().defined()) << "weight gradient must wait for backward_weight";
+    expect_close(in.grad(), ref_in.grad(), "input gradient");
+  }
+  EXPECT_EQ(d1.pending(), (std::vector<int64_t>{0, 1, 2, 3}));
+  d1.backward_weight({0, 1});
+  d1.backward_weight({2, 3});
+  d2.backward_weight({0, 1, 2, 3});
+  EXPECT_TRUE(d1.pending().empty());
+  expect_close(fast1->weight.grad(), ref1->weight.grad(), "layer 1 weight");
+  expect_close(fast1->bias.grad(), ref1->bias.grad(), "layer 1 bias");
+  expect_close(fast2->weight.grad(), ref2->weight.grad(), "layer 2 weight");
+  expect_close(fast2->bias.grad(), ref2->bias.grad(), "layer 2 bias");
+}
+
+TEST_P(DeferredLinearTest, SequenceInputsAndNoInputGradient) {
+  torch::manual_seed(1);
+  torch::nn::Linear ref(6, 5), fast(6, 5);
+  {
+    torch::NoGradGuard g;
+    fast->weight.copy_(ref->weight);
+    fast->bias.copy_(ref->bias);
+  }
+  DeferredLinear d(fast, GetParam());
+  const auto x = torch::randn({2, 3, 6});  // (batch, time, features), no gradient wanted
+  ref(x).pow(2).sum().backward();
+  auto y = d.forward(x, 7);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 3, 5}));
+  y.pow(2).sum().backward();
+  d.backward_weight({7});
+  expect_close(fast->weight.grad(), ref->weight.grad(), "weight");
+  expect_close(fast->bias.grad(), ref->bias.grad(), "bias");
+}
+
+TEST_P(DeferredLinearTest, NoGradForwardKeepsNothing) {
+  torch::nn::Linear fast(4, 3);
+  DeferredLinear d(fast, GetParam());
+  torch::NoGradGuard g;
+  const auto x = torch::randn({5, 4});
+  expect_close(d.forward(x, 0), fast(x), "output");
+  EXPECT_THROW(d.backward_weight({0}), ScheduleError);
+}
+
+TEST_P(DeferredLinearTest, TracksWeightUpdates) {
+  torch::nn::Linear fast(4, 3);
+  DeferredLinear d(fast, GetParam());
+  const auto x = torch::randn({2, 4});
+  torch::NoGradGuard g;
+  d.forward(x, 0);
+  fast->weight.add_(1.0);  // an optimizer step changes the weight in place
+  expect_close(d.forward(x, 0), fast(x), "output after update");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, DeferredLinearTest,
+                         ::testing::Values(GemmKernel::Blas, GemmKernel::OneDnn),
+                         [](const auto& info) { return to_string(info.param); });
+
+TEST(Gemm, KernelsAgree) {
+  const auto a = torch::randn({32, 64});
+  const auto b = torch::randn({64, 48});
+  expect_close(gemm(a, b, GemmKernel::OneDnn), torch::mm(a, b), "oneDNN vs BLAS");
+  expect_close(gemm(a.t().contiguous().t(), b, GemmKernel::OneDnn), torch::mm(a, b), "strided A");
+  const auto d = torch::randn({4, 4}, torch::kDouble);
+  EXPECT_TRUE(torch::equal(gemm(d, d, GemmKernel::OneDnn), torch::mm(d, d)));
+}
+
+TEST(Gemm, ParsesKernelNames) {
+  EXPECT_EQ(parse_gemm_kernel("blas"), GemmKernel::Blas);
+  EXPECT_EQ(parse_gemm_kernel("auto"), onednn_available() ? GemmKernel::OneDnn : GemmKernel::Blas);
+  try {
+    parse_gemm_kernel("cublas");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"cublas\""), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain::runtime
