@@ -8,7 +8,8 @@
 
 namespace pipetrain {
 
-BuiltLayers build_layers(const std::vector<LayerSpec>& specs, int64_t begin, int64_t end) {
+BuiltLayers build_layers(const std::vector<LayerSpec>& specs, int64_t begin, int64_t end,
+                         const std::function<void(int64_t)>& before_each) {
   if (begin < 0 || end > static_cast<int64_t>(specs.size()) || begin > end) {
     throw ConfigError("layer range [" + std::to_string(begin) + ", " + std::to_string(end) +
                       ") is outside the model's " + std::to_string(specs.size()) +
@@ -25,9 +26,13 @@ BuiltLayers build_layers(const std::vector<LayerSpec>& specs, int64_t begin, int
     }
     if (spec.tied()) {
       auto it = tied.find(spec.tied_key);
-      if (it == tied.end()) it = tied.emplace(spec.tied_key, spec.build()).first;
+      if (it == tied.end()) {
+        if (before_each) before_each(i);
+        it = tied.emplace(spec.tied_key, spec.build()).first;
+      }
       built.modules.push_back(it->second);
     } else {
+      if (before_each) before_each(i);
       built.modules.push_back(spec.build());
     }
     built.specs.push_back(spec);

@@ -42,5 +42,15 @@ TEST(LayerSpec, TiedUsesShareOneModule) {
   EXPECT_TRUE(torch::allclose(out, torch::matmul(torch::relu(weight.index({ids})), weight.t())));
 }
 
+TEST(LayerSpec, SeedingPerLayerMakesWeightsIndependentOfTheRange) {
+  std::vector<LayerSpec> specs;
+  for (int i = 0; i < 3; ++i) specs.push_back(LayerSpec::of<torch::nn::Linear>("Linear", 4, 4));
+  auto seed = [](int64_t i) { torch::manual_seed(100 + i); };
+  auto whole = build_layers(specs, 0, 3, seed);
+  auto tail = build_layers(specs, 2, 3, seed);
+  EXPECT_TRUE(torch::equal(whole.modules[2].get<torch::nn::Linear>()->weight,
+                           tail.modules[0].get<torch::nn::Linear>()->weight));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -74,7 +74,10 @@ struct BuiltLayers {
 };
 
 // Builds the specs [begin, end) in order. Tied layers built here take the same module for
-// every use of their key inside the range.
-BuiltLayers build_layers(const std::vector<LayerSpec>& specs, int64_t begin, int64_t end);
+// every use of their key inside the range. `before_each(i)` runs before layer i is built (the
+// engine seeds the generator there, so a layer's initial weights do not depend on which
+// stage builds it).
+BuiltLayers build_layers(const std::vector<LayerSpec>& specs, int64_t begin, int64_t end,
+                         const std::function<void(int64_t)>& before_each = {});
 
 }  // namespace pipetrain
