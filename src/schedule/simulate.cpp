@@ -1,0 +1,87 @@
+// The simulator: replay with the cost model, then makespan, bubble and memory per stage.
+#include "pipetrain/schedule/simulate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "pipetrain/error.h"
+#include "pipetrain/schedule/validate.h"
+#include "replay.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+void check_costs(const char* name, const std::vector<double>& values, int num_stages) {
+  if (static_cast<int>(values.size()) != num_stages)
+    throw ConfigError(fmt::format("cost model: {} has {} entries, expected one per stage ({})",
+                                  name, values.size(), num_stages));
+  for (size_t j = 0; j < values.size(); ++j)
+    if (!std::isfinite(values[j]) || values[j] < 0)
+      throw ConfigError(fmt::format("cost model: {} of stage {} is {}; costs are finite and >= 0",
+                                    name, j, values[j]));
+}
+
+}  // namespace
+
+CostModel CostModel::uniform(int num_stages, double forward, double backward_input,
+                             double backward_weight, double transfer) {
+  const size_t n = static_cast<size_t>(std::max(num_stages, 0));
+  return {std::vector<double>(n, forward), std::vector<double>(n, backward_input),
+          std::vector<double>(n, backward_weight), std::vector<double>(n, transfer)};
+}
+
+std::vector<TimedEvent> SimulationResult::events() const {
+  std::vector<TimedEvent> out;
+  for (const auto& row : timeline)
+    for (const TimedAction& t : row)
+      out.push_back({t.action.stage, t.action.op, t.action.micro_batch, t.action.chunk, t.start,
+                     t.end});
+  return out;
+}
+
+SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
+  const int P = schedule.num_stages();
+  check_costs("forward", costs.forward, P);
+  check_costs("backward_input", costs.backward_input, P);
+  check_costs("backward_weight", costs.backward_weight, P);
+  check_costs("transfer", costs.transfer, P);
+  validate(schedule);
+
+  const double V = schedule.num_chunks();
+  detail::ReplayCosts replay_costs;
+  replay_costs.transfer = costs.transfer;
+  replay_costs.op.resize(P);
+  for (int j = 0; j < P; ++j) {
+    auto& op = replay_costs.op[j];
+    op.fill(0.0);
+    op[static_cast<int>(Op::forward)] = costs.forward[j] / V;
+    op[static_cast<int>(Op::backward_input)] = costs.backward_input[j] / V;
+    op[static_cast<int>(Op::backward_weight)] = costs.backward_weight[j] / V;
+    op[static_cast<int>(Op::backward)] = (costs.backward_input[j] + costs.backward_weight[j]) / V;
+  }
+  const detail::ReplayResult replayed = detail::replay(schedule, replay_costs);
+
+  SimulationResult result;
+  result.timeline.resize(P);
+  for (int j = 0; j < P; ++j) {
+    const auto& actions = schedule.stages[j];
+    result.timeline[j].reserve(actions.size());
+    for (size_t k = 0; k < actions.size(); ++k)
+      result.timeline[j].push_back({actions[k], replayed.start[j][k], replayed.end[j][k]});
+  }
+  // The origin is 0 (every stage starts then), so the makespan is the last end.
+  std::vector<TimedEvent> events = result.events();
+  events.push_back({0, Op::load_micro_batch, 0, 0, 0.0, 0.0});
+  const BubbleStats stats = bubble_stats(events, P);
+  result.makespan = stats.makespan;
+  result.busy = stats.busy;
+  result.bubble = stats.bubble;
+  result.bubble_overall = stats.overall;
+  result.peak_live_activations = peak_live_activations(schedule);
+  for (int peak : result.peak_live_activations) result.peak_activation_memory.push_back(peak / V);
+  return result;
+}
+
+}  // namespace pipetrain::schedule
