@@ -12,8 +12,8 @@
 //                                  2(P-j-1) + (V-1)P forwards (V = 1 gives 1f1b)
 //   zb-h1         1       looped   1F1B with B = backward_input; stage j defers j
 //                                  backward_weight steps into the cool-down bubble
-//   zb-v          2       v_shape  greedy unit-cost list schedule: input-gradients first,
-//                                  at most 2 min(P, M) live chunk activations per stage
+//   zb-v          2       v_shape  Qi et al.'s V: 2(P-j)-1 chunk-0 forwards, j forward pairs,
+//                                  P-j chunk-1 F/I/W, then F I W per chunk (1F1B's memory)
 #pragma once
 
 #include "pipetrain/schedule/lower.h"
