@@ -93,6 +93,7 @@ std::string format_grid(const Schedule& s, const std::vector<std::pair<int, int>
   out += first > 0 ? " ..." : "    ";
   for (int k = first; k <= last; ++k) out += " " + pad(std::to_string(k), width[k - first]);
   if (last < length - 1) out += " ...";
+  while (out.back() == ' ') out.pop_back();
   out += "\n";
   for (int j = 0; j < static_cast<int>(s.stages.size()); ++j) {
     std::string line = pad(fmt::format("stage {}", j), 12);

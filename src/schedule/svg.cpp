@@ -121,7 +121,8 @@ std::string render_svg(const std::vector<TimedEvent>& events, const SvgOptions& 
     const std::string label = e.micro_batch >= 0 ? std::to_string(e.micro_batch) : "";
     const int font = std::min(12, row_h - 10);
     if (!label.empty() && w >= label.size() * font * 0.62 + 2)
-      svg += fmt::format("<text x=\"{:.2f}\" y=\"{}\" font-size=\"{}\" text-anchor=\"middle\" "
+      svg += fmt::format("<text class=\"label\" x=\"{:.2f}\" y=\"{}\" font-size=\"{}\" "
+                         "text-anchor=\"middle\" "
                          "fill=\"{}\">{}</text>",
                          x + w / 2, y + row_h / 2 + font / 2 - 1, font,
                          dark(colour) ? "white" : "black", label);
