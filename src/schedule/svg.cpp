@@ -162,7 +162,7 @@ std::string render_svg(const std::vector<TimedEvent>& events, const SvgOptions& 
 }
 
 std::string timeline_title(const Schedule& s, double bubble) {
-  return fmt::format("{}   P={} stages   M={} micro-batches   V={}   bubble {:.1f}%",
+  return fmt::format("{}: P={} stages, M={} micro-batches, V={}, bubble {:.1f}%",
                      kind_name(s.kind), s.num_stages(), s.num_micro_batches, s.num_chunks(),
                      100.0 * bubble);
 }

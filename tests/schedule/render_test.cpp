@@ -69,7 +69,7 @@ TEST(Svg, RowsBoxesLabelsLegendAndTitle) {
   options.title = timeline_title(s, r.bubble_overall);
   const std::string svg = render_svg(r.events(), options);
   EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
-  EXPECT_NE(svg.find("zb-h1   P=4 stages   M=8 micro-batches   V=1   bubble 11.1%"), std::string::npos);
+  EXPECT_NE(svg.find("zb-h1: P=4 stages, M=8 micro-batches, V=1, bubble 11.1%"), std::string::npos);
   EXPECT_EQ(count(svg, "class=\"idle\""), 4u);  // one grey row per stage: idle shows through
   EXPECT_EQ(count(svg, "<g class=\"forward\">"), 32u);
   EXPECT_EQ(count(svg, "<g class=\"backward_input\">"), 32u);

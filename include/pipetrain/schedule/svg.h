@@ -22,7 +22,7 @@ struct SvgOptions {
 // stage in lighter shades; a time axis, a legend and the title.
 std::string render_svg(const std::vector<TimedEvent>& events, const SvgOptions& options = {});
 
-// "1f1b  P=4 stages  M=8 micro-batches  V=1  bubble 27.3%".
+// "1f1b: P=4 stages, M=8 micro-batches, V=1, bubble 27.3%".
 std::string timeline_title(const Schedule& schedule, double bubble);
 
 }  // namespace pipetrain::schedule
