@@ -70,27 +70,19 @@ Op parse_op_name(std::string_view name) {
   throw ScheduleError(fmt::format("unknown op '{}': expected one of {}", name, all_names()));
 }
 
-bool has_micro_batch(Op op) { return !is_step(op); }
-
-bool is_compute(Op op) { return op == Op::forward || is_backward(op); }
-
-bool is_backward(Op op) {
-  return op == Op::backward || op == Op::backward_input || op == Op::backward_weight;
-}
-
-bool is_send(Op op) { return op == Op::send_activation || op == Op::send_grad; }
-bool is_recv(Op op) { return op == Op::recv_activation || op == Op::recv_grad; }
-
-bool is_step(Op op) {
-  return op == Op::reduce_tied_grads || op == Op::reduce_grads || op == Op::optimizer_step;
-}
-
 bool Action::operator==(const Action& o) const {
   return op == o.op && stage == o.stage && micro_batch == o.micro_batch && chunk == o.chunk &&
          slot == o.slot && peer_stage == o.peer_stage && peer_chunk == o.peer_chunk;
 }
 
 std::string malformation(const Action& a) {
+  // The fast path: the validator asks this of every action, and nearly all are fine.
+  const bool mb = has_micro_batch(a.op);
+  const bool comm = is_comm(a.op);
+  if (static_cast<int>(a.op) < kNumOps && a.stage >= 0 && a.chunk >= 0 && a.slot >= -1 &&
+      (mb ? a.micro_batch >= 0 : a.micro_batch == -1 && a.slot == -1) &&
+      (comm ? a.peer_stage >= 0 && a.peer_chunk >= 0 : a.peer_stage == -1 && a.peer_chunk == -1))
+    return {};
   if (static_cast<int>(a.op) >= kNumOps) return "unknown op";
   if (a.stage < 0) return fmt::format("negative stage {}", a.stage);
   if (a.chunk < 0) return fmt::format("negative chunk {}", a.chunk);

@@ -25,6 +25,7 @@ ComputeStep step(Op op, int micro_batch) { return {op, 0, micro_batch}; }
 ComputeOrder fill_drain_order(int num_stages, int num_micro_batches) {
   ComputeOrder order(num_stages);
   for (auto& steps : order) {
+    steps.reserve(2 * static_cast<size_t>(num_micro_batches));
     for (int i = 0; i < num_micro_batches; ++i) steps.push_back(step(Op::forward, i));
     // Reverse order, as autograd runs torchgpipe's backward: the last stage starts with the
     // micro-batch it finished last.
@@ -38,6 +39,7 @@ ComputeOrder one_f_one_b_order(int num_stages, int num_micro_batches) {
   for (int j = 0; j < num_stages; ++j) {
     const int warmup = std::min(num_stages - j - 1, num_micro_batches);
     auto& steps = order[j];
+    steps.reserve(2 * static_cast<size_t>(num_micro_batches));
     for (int i = 0; i < warmup; ++i) steps.push_back(step(Op::forward, i));
     for (int i = 0; i + warmup < num_micro_batches; ++i) {
       steps.push_back(step(Op::forward, i + warmup));
@@ -55,6 +57,7 @@ ComputeOrder zb_h1_order(int num_stages, int num_micro_batches) {
     const int warmup = std::min(num_stages - j - 1, num_micro_batches);
     const int lag = j;
     auto& steps = order[j];
+    steps.reserve(3 * static_cast<size_t>(num_micro_batches));
     int next_weight = 0;
     auto input_grad = [&](int i) {
       steps.push_back(step(Op::backward_input, i));

@@ -5,15 +5,17 @@
 
 namespace pipetrain::schedule::detail {
 
-ReplayResult replay(const Schedule& s, const ReplayCosts& costs) {
+ReplayResult replay(const Schedule& s, const ReplayCosts& costs, bool record_times) {
   const int P = s.num_stages();
   ReplayResult r;
-  r.start.resize(P);
-  r.end.resize(P);
   r.stopped_at.assign(P, 0);
-  for (int j = 0; j < P; ++j) {
-    r.start[j].resize(s.stages[j].size());
-    r.end[j].resize(s.stages[j].size());
+  if (record_times) {
+    r.start.resize(P);
+    r.end.resize(P);
+    for (int j = 0; j < P; ++j) {
+      r.start[j].resize(s.stages[j].size());
+      r.end[j].resize(s.stages[j].size());
+    }
   }
   std::vector<double> arrival(message_count(s), -1.0);  // -1: not sent yet
   std::vector<int> waiter(message_count(s), -1);
@@ -46,8 +48,10 @@ ReplayResult replay(const Schedule& s, const ReplayCosts& costs) {
       } else {
         end = clock[j] + costs.op[j][static_cast<int>(a.op)];
       }
-      r.start[j][k] = clock[j];
-      r.end[j][k] = end;
+      if (record_times) {
+        r.start[j][k] = clock[j];
+        r.end[j][k] = end;
+      }
       clock[j] = end;
       ++k;
     }

@@ -20,8 +20,9 @@ struct ReplayResult {
 };
 
 // Runs every stage as far as the semantics allow. Precondition: the structure checks passed
-// (indices in range, every receive matched by exactly one send).
-ReplayResult replay(const Schedule& schedule, const ReplayCosts& costs);
+// (indices in range, every receive matched by exactly one send). Without `record_times` only
+// `stopped_at` and `finished` are filled (the deadlock check needs no more).
+ReplayResult replay(const Schedule& schedule, const ReplayCosts& costs, bool record_times = true);
 
 // Index of the message a receive waits for: (kind, receiving stage, its chunk, micro-batch).
 inline size_t message_index(const Schedule& s, bool grad, int stage, int chunk, int micro_batch) {

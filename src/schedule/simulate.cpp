@@ -71,14 +71,22 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
     for (size_t k = 0; k < actions.size(); ++k)
       result.timeline[j].push_back({actions[k], replayed.start[j][k], replayed.end[j][k]});
   }
-  // The origin is 0 (every stage starts then), so the makespan is the last end.
-  std::vector<TimedEvent> events = result.events();
-  events.push_back({0, Op::load_micro_batch, 0, 0, 0.0, 0.0});
-  const BubbleStats stats = bubble_stats(events, P);
-  result.makespan = stats.makespan;
-  result.busy = stats.busy;
-  result.bubble = stats.bubble;
-  result.bubble_overall = stats.overall;
+  // Every stage starts at 0, so the makespan is the last end (bubble_stats() computes the same
+  // from events; this avoids copying a large timeline once more).
+  result.busy.assign(P, 0.0);
+  result.bubble.assign(P, 0.0);
+  double total = 0;
+  for (int j = 0; j < P; ++j) {
+    for (const TimedAction& t : result.timeline[j]) {
+      result.makespan = std::max(result.makespan, t.end);
+      if (is_compute(t.action.op)) result.busy[j] += t.end - t.start;
+    }
+    total += result.busy[j];
+  }
+  if (result.makespan > 0) {
+    for (int j = 0; j < P; ++j) result.bubble[j] = 1.0 - result.busy[j] / result.makespan;
+    result.bubble_overall = 1.0 - total / (P * result.makespan);
+  }
   result.peak_live_activations = peak_live_activations(schedule);
   for (int peak : result.peak_live_activations) result.peak_activation_memory.push_back(peak / V);
   return result;

@@ -32,7 +32,7 @@ std::optional<ScheduleProblem> check_deadlock(const Schedule& s) {
   for (int op = 0; op < kNumOps; ++op) costs[op] = is_compute(static_cast<Op>(op)) ? 1.0 : 0.0;
   unit.op.assign(s.num_stages(), costs);
   unit.transfer.assign(s.num_stages(), 1.0);
-  const ReplayResult r = replay(s, unit);
+  const ReplayResult r = replay(s, unit, /*record_times=*/false);
   if (r.finished) return std::nullopt;
   // Every blocked stage waits in a receive for a stage that is itself blocked (matching
   // passed, so the send exists but lies beyond where its stage stopped): follow the waits

@@ -94,13 +94,14 @@ std::optional<ScheduleProblem> check_stage_order(const Schedule& s, int j) {
     const int v = layout.virtual_stage(j, a.chunk);
     const size_t key = key_of(s, a.chunk, a.micro_batch);
     auto& sn = seen[key];
-    const std::string mb = what(s, a.chunk, a.micro_batch);
+    // Only a failing check spells out the micro-batch: the valid path formats nothing.
+    const auto mb = [&] { return what(s, a.chunk, a.micro_batch); };
     if (slot_of[key] >= 0 && slot_of[key] != a.slot)
-      return fail(fmt::format("uses slot {}, but {} is in slot {}", a.slot, mb, slot_of[key]));
+      return fail(fmt::format("uses slot {}, but {} is in slot {}", a.slot, mb(), slot_of[key]));
     slot_of[key] = a.slot;
     const int op = static_cast<int>(a.op);
     if (sn[op] >= 0)
-      return fail(fmt::format("second {} of {} (the first is at position {})", op_name(a.op), mb,
+      return fail(fmt::format("second {} of {} (the first is at position {})", op_name(a.op), mb(),
                               sn[op]));
     if (is_backward(a.op) || a.op == Op::recv_grad || a.op == Op::send_grad) {
       if (!s.training) return fail(fmt::format("an inference schedule has no {}", op_name(a.op)));
@@ -133,47 +134,47 @@ std::optional<ScheduleProblem> check_stage_order(const Schedule& s, int j) {
         if (v > 0 && !before(Op::recv_activation))
           return fail(fmt::format("forward of {} before its input arrived: no recv_activation "
                                   "earlier on this stage",
-                                  mb));
+                                  mb()));
         if ((v == 0 || v == last) && !before(Op::load_micro_batch))
           return fail(fmt::format("forward of {} on virtual stage {} before its load_micro_batch "
                                   "(it needs the {})",
-                                  mb, v, v == 0 ? "inputs" : "labels"));
+                                  mb(), v, v == 0 ? "inputs" : "labels"));
         break;
       case Op::send_activation:
         if (!before(Op::forward))
-          return fail(fmt::format("send_activation of {} before the forward that produces it", mb));
+          return fail(fmt::format("send_activation of {} before the forward that produces it", mb()));
         break;
       case Op::recv_grad:
         if (!before(Op::forward))
           return fail(fmt::format("recv_grad of {} before its forward: the slot holds no output "
                                   "yet",
-                                  mb));
+                                  mb()));
         break;
       case Op::backward:
       case Op::backward_input: {
-        if (!before(Op::forward)) return fail(fmt::format("backward of {} before its forward", mb));
+        if (!before(Op::forward)) return fail(fmt::format("backward of {} before its forward", mb()));
         if (v < last && !before(Op::recv_grad))
           return fail(fmt::format("backward of {} before its output gradient arrived: no "
                                   "recv_grad earlier on this stage",
-                                  mb));
+                                  mb()));
         const Op other = a.op == Op::backward ? Op::backward_input : Op::backward;
         if (before(other))
           return fail(fmt::format("{} of {} after a {}: use a full backward or the split pair "
                                   "backward_input + backward_weight, not both",
-                                  op_name(a.op), mb, op_name(other)));
+                                  op_name(a.op), mb(), op_name(other)));
         if (a.op == Op::backward) ++completed;
         break;
       }
       case Op::backward_weight:
         if (before(Op::backward))
-          return fail(fmt::format("backward_weight of {} after its full backward", mb));
+          return fail(fmt::format("backward_weight of {} after its full backward", mb()));
         if (!before(Op::backward_input))
-          return fail(fmt::format("backward_weight of {} before its backward_input", mb));
+          return fail(fmt::format("backward_weight of {} before its backward_input", mb()));
         ++completed;
         break;
       case Op::send_grad:
         if (!before(Op::backward) && !before(Op::backward_input))
-          return fail(fmt::format("send_grad of {} before the backward that computes it", mb));
+          return fail(fmt::format("send_grad of {} before the backward that computes it", mb()));
         break;
       default:
         break;

@@ -23,21 +23,32 @@ Op counterpart(Op op) {
 }  // namespace
 
 std::optional<ScheduleProblem> check_matching(const Schedule& s) {
-  std::vector<std::pair<int, int>> sent(message_count(s), {-1, -1});
-  std::vector<std::pair<int, int>> received(message_count(s), {-1, -1});
+  // The stage that sent / received each message (the position is looked up on error only).
+  std::vector<int> sent(message_count(s), -1);
+  std::vector<int> received(message_count(s), -1);
+  auto position_of = [&](int stage, const Action& like, bool send) {
+    const auto& actions = s.stages[stage];
+    for (int k = 0; k < static_cast<int>(actions.size()); ++k)
+      if (is_send(actions[k].op) == send && is_comm(actions[k].op) &&
+          message_of(s, actions[k]) == message_of(s, like))
+        return k;
+    return -1;
+  };
   for (int j = 0; j < s.num_stages(); ++j) {
     for (int k = 0; k < static_cast<int>(s.stages[j].size()); ++k) {
       const Action& a = s.stages[j][k];
       if (!is_comm(a.op)) continue;
-      auto& slot = is_send(a.op) ? sent : received;
+      auto& by = is_send(a.op) ? sent : received;
       const size_t m = message_of(s, a);
-      if (slot[m].first >= 0)
+      if (by[m] >= 0) {
+        const int first = position_of(by[m], a, is_send(a.op));
         return ScheduleProblem{j, k,
                                fmt::format("second {} of this message (the first is stage {} "
                                            "position {})",
-                                           op_name(a.op), slot[m].first, slot[m].second),
-                               {slot[m]}};
-      slot[m] = {j, k};
+                                           op_name(a.op), by[m], first),
+                               {{by[m], first}}};
+      }
+      by[m] = j;
     }
   }
   for (int j = 0; j < s.num_stages(); ++j) {
@@ -45,8 +56,7 @@ std::optional<ScheduleProblem> check_matching(const Schedule& s) {
       const Action& a = s.stages[j][k];
       if (!is_comm(a.op)) continue;
       const size_t m = message_of(s, a);
-      const auto& other = is_send(a.op) ? received[m] : sent[m];
-      if (other.first >= 0) continue;
+      if ((is_send(a.op) ? received[m] : sent[m]) >= 0) continue;
       if (is_send(a.op))
         return ScheduleProblem{j, k,
                                fmt::format("unmatched send: stage {} never runs the matching {} "
@@ -83,28 +93,28 @@ std::optional<ScheduleProblem> check_stage_complete(const Schedule& s, int j) {
       const auto& pos = at[key_of(s, c, i)];
       const auto has = [&](Op op) { return pos[static_cast<int>(op)] >= 0; };
       const auto where = [&](Op op) { return pos[static_cast<int>(op)]; };
-      const std::string mb = what(s, c, i);
+      const auto mb = [&] { return what(s, c, i); };
       if (!has(Op::forward))
-        return ScheduleProblem{j, -1, fmt::format("{} is never forwarded", mb), {}};
+        return ScheduleProblem{j, -1, fmt::format("{} is never forwarded", mb()), {}};
       if (v < last && !has(Op::send_activation))
         return ScheduleProblem{j, where(Op::forward),
                                fmt::format("the output of {} is never sent on (no "
                                            "send_activation to virtual stage {})",
-                                           mb, v + 1),
+                                           mb(), v + 1),
                                {}};
       if (!s.training) continue;
       if (!has(Op::backward) && !has(Op::backward_input))
         return ScheduleProblem{j, where(Op::forward),
-                               fmt::format("{} is forwarded but never backwarded", mb), {}};
+                               fmt::format("{} is forwarded but never backwarded", mb()), {}};
       const Op grad_op = has(Op::backward) ? Op::backward : Op::backward_input;
       if (grad_op == Op::backward_input && !has(Op::backward_weight))
         return ScheduleProblem{j, where(grad_op),
-                               fmt::format("backward_input of {} has no backward_weight", mb), {}};
+                               fmt::format("backward_input of {} has no backward_weight", mb()), {}};
       if (v > 0 && !has(Op::send_grad))
         return ScheduleProblem{j, where(grad_op),
                                fmt::format("the input gradient of {} is never sent back (no "
                                            "send_grad to virtual stage {})",
-                                           mb, v - 1),
+                                           mb(), v - 1),
                                {}};
     }
   }

@@ -32,6 +32,7 @@ ComputeOrder zb_v_order(int num_stages, int num_micro_batches) {
   ComputeOrder order(P);
   for (int j = 0; j < P; ++j) {
     auto& steps = order[j];
+    steps.reserve(6 * static_cast<size_t>(M));
     int forward[2] = {0, 0};
     int input[2] = {0, 0};
     int weight[2] = {0, 0};

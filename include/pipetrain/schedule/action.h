@@ -61,15 +61,20 @@ const char* op_code(Op op);
 // Inverse of op_name; throws ScheduleError naming the valid names.
 Op parse_op_name(std::string_view name);
 
+// Small predicates, inline because the validator calls them for every action.
+constexpr bool is_step(Op op) {  // reduce_tied_grads, reduce_grads, optimizer_step
+  return op == Op::reduce_tied_grads || op == Op::reduce_grads || op == Op::optimizer_step;
+}
 // The op refers to one micro-batch (everything except the three step ops).
-bool has_micro_batch(Op op);
+constexpr bool has_micro_batch(Op op) { return !is_step(op); }
+constexpr bool is_backward(Op op) {  // backward, backward_input, backward_weight
+  return op == Op::backward || op == Op::backward_input || op == Op::backward_weight;
+}
 // Forward and the three backward kinds: the ops that take compute time.
-bool is_compute(Op op);
-bool is_backward(Op op);  // backward, backward_input, backward_weight
-bool is_send(Op op);
-bool is_recv(Op op);
-inline bool is_comm(Op op) { return is_send(op) || is_recv(op); }
-bool is_step(Op op);  // reduce_tied_grads, reduce_grads, optimizer_step
+constexpr bool is_compute(Op op) { return op == Op::forward || is_backward(op); }
+constexpr bool is_send(Op op) { return op == Op::send_activation || op == Op::send_grad; }
+constexpr bool is_recv(Op op) { return op == Op::recv_activation || op == Op::recv_grad; }
+constexpr bool is_comm(Op op) { return is_send(op) || is_recv(op); }
 
 // One instruction for one stage. Everything the stage executor needs is in here; it never
 // has to know which generator made the schedule.

@@ -42,8 +42,19 @@ class Layout {
   LayoutKind kind() const { return kind_; }
 
   // Both throw ScheduleError for an index out of range.
-  int virtual_stage(int stage, int chunk) const;
-  Placement placement(int virtual_stage) const;
+  int virtual_stage(int stage, int chunk) const {
+    if (stage < 0 || stage >= num_stages_ || chunk < 0 || chunk >= num_chunks_)
+      out_of_range(stage, chunk);
+    const bool ascending = kind_ == LayoutKind::v_shape && chunk % 2 == 1;
+    return chunk * num_stages_ + (ascending ? num_stages_ - 1 - stage : stage);
+  }
+  Placement placement(int virtual_stage) const {
+    if (virtual_stage < 0 || virtual_stage >= num_virtual_stages()) out_of_range(virtual_stage);
+    const int chunk = virtual_stage / num_stages_;
+    const int offset = virtual_stage % num_stages_;
+    const bool ascending = kind_ == LayoutKind::v_shape && chunk % 2 == 1;
+    return {ascending ? num_stages_ - 1 - offset : offset, chunk};
+  }
 
   // The stage holding virtual stage 0 loads inputs; the one holding the last loads labels
   // and computes the loss at the end of that chunk's forward.
@@ -58,6 +69,9 @@ class Layout {
   bool operator!=(const Layout& o) const { return !(*this == o); }
 
  private:
+  [[noreturn]] void out_of_range(int stage, int chunk) const;
+  [[noreturn]] void out_of_range(int virtual_stage) const;
+
   int num_stages_ = 1;
   int num_chunks_ = 1;
   LayoutKind kind_ = LayoutKind::looped;
