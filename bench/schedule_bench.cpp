@@ -21,7 +21,8 @@ ScheduleOptions options(const benchmark::State& state, ScheduleKind kind) {
 }
 
 void BM_Generate1F1B(benchmark::State& state) {
-  for (auto _ : state) benchmark::DoNotOptimize(generate(options(state, ScheduleKind::one_f_one_b)));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(generate(options(state, ScheduleKind::one_f_one_b)));
 }
 
 void BM_GenerateAndValidate1F1B(benchmark::State& state) {
@@ -56,7 +57,10 @@ void BM_GenerateAndValidateZbV(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_Generate1F1B)->Args({256, 1024})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GenerateAndValidate1F1B)->Args({256, 1024})->Args({16, 64})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GenerateAndValidate1F1B)
+    ->Args({256, 1024})
+    ->Args({16, 64})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Validate1F1B)->Args({256, 1024})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Simulate1F1B)->Args({256, 1024})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GenerateAndValidateZbV)->Args({256, 1024})->Unit(benchmark::kMillisecond);

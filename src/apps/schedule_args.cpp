@@ -1,10 +1,10 @@
 // The options shared by `pipetrain schedule` and `pipetrain simulate`, and their error policy.
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
-
-#include <fmt/format.h>
 
 #include "apps/schedule_commands.h"
 #include "pipetrain/error.h"
@@ -16,13 +16,14 @@ namespace {
 // An integer >= minimum; `what` says what the value means.
 int parse_int(const std::string& option, const std::string& text, int minimum, const char* what) {
   if (text.empty())
-    throw ConfigError(fmt::format("{} needs a value: {} (an integer >= {})", option, what, minimum));
+    throw ConfigError(
+        fmt::format("{} needs a value: {} (an integer >= {})", option, what, minimum));
   char* end = nullptr;
   errno = 0;
   const long value = std::strtol(text.c_str(), &end, 10);
   if (*end != '\0' || errno == ERANGE || value < minimum || value > 1000000000)
-    throw ConfigError(fmt::format("{} expects {} (an integer >= {}), got '{}'", option, what,
-                                  minimum, text));
+    throw ConfigError(
+        fmt::format("{} expects {} (an integer >= {}), got '{}'", option, what, minimum, text));
   return static_cast<int>(value);
 }
 
@@ -41,9 +42,10 @@ void ScheduleArgs::add_to(CLI::App& command) {
   command.add_option("--micro-batches", micro_batches, "micro-batches per step M")
       ->type_name("M")
       ->expected(0, 1);
-  command.add_option("--chunks", chunks,
-                     "model chunks per stage V (interleaved: default 2; zb-v: 2; inference: "
-                     "any; others: 1)")
+  command
+      .add_option("--chunks", chunks,
+                  "model chunks per stage V (interleaved: default 2; zb-v: 2; inference: "
+                  "any; others: 1)")
       ->type_name("V")
       ->expected(0, 1);
   command.add_option("--stage", stage, "show this stage only")->type_name("S")->expected(0, 1);
@@ -73,8 +75,8 @@ std::optional<int> ScheduleArgs::only_stage(int num_stages) const {
   if (stage.empty()) return std::nullopt;
   const int s = parse_int("--stage", stage, 0, "a stage index S");
   if (s >= num_stages)
-    throw ConfigError(fmt::format("--stage {} is outside the {} stages (0..{})", s, num_stages,
-                                  num_stages - 1));
+    throw ConfigError(
+        fmt::format("--stage {} is outside the {} stages (0..{})", s, num_stages, num_stages - 1));
   return s;
 }
 
@@ -98,8 +100,7 @@ int run_command(const char* command, const std::string& usage, const std::functi
 
 void reject_extras(const CLI::App& command) {
   const auto extras = command.remaining();
-  if (!extras.empty())
-    throw ConfigError(fmt::format("unknown argument '{}'", extras.front()));
+  if (!extras.empty()) throw ConfigError(fmt::format("unknown argument '{}'", extras.front()));
 }
 
 double parse_cost(const std::string& option, const std::string& text) {

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <optional>
 #include <string>
@@ -24,7 +23,7 @@ struct ScheduleArgs {
   // generated with these values), each with a one-line message.
   schedule::Schedule generate() const;
   std::optional<int> only_stage(int num_stages) const;  // --stage S, checked against P
-  bool json() const;                                   // --format json (text otherwise)
+  bool json() const;                                    // --format json (text otherwise)
 };
 
 // "usage: pipetrain schedule --kind ... [--format text|json]"

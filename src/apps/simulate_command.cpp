@@ -1,9 +1,9 @@
 // `pipetrain simulate`: a schedule under a cost model: makespan, bubble, memory, timelines.
+#include <fmt/format.h>
+
 #include <fstream>
 #include <iostream>
 #include <memory>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "apps/schedule_commands.h"
@@ -31,9 +31,10 @@ void write_file(const std::string& option, const std::string& path, const std::s
   out << text;
   out.close();
   if (!out)
-    throw Error(fmt::format("{} {}: cannot write the file (check the directory exists and is "
-                            "writable)",
-                            option, path));
+    throw Error(
+        fmt::format("{} {}: cannot write the file (check the directory exists and is "
+                    "writable)",
+                    option, path));
 }
 
 void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r,
@@ -41,13 +42,13 @@ void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r
   std::cout << fmt::format("{}: {} stages, {} micro-batches, {} chunk(s) per stage\n",
                            schedule::kind_name(s.kind), s.num_stages(), s.num_micro_batches,
                            s.num_chunks());
-  std::cout << fmt::format("costs per stage: forward {:g}, backward_input {:g}, backward_weight "
-                           "{:g} (full backward {:g}), transfer {:g}{}\n",
-                           costs[0], costs[1], costs[2], costs[1] + costs[2], costs[3],
-                           s.num_chunks() > 1
-                               ? fmt::format("; each of the {} chunks costs 1/{}", s.num_chunks(),
-                                             s.num_chunks())
-                               : "");
+  std::cout << fmt::format(
+      "costs per stage: forward {:g}, backward_input {:g}, backward_weight "
+      "{:g} (full backward {:g}), transfer {:g}{}\n",
+      costs[0], costs[1], costs[2], costs[1] + costs[2], costs[3],
+      s.num_chunks() > 1
+          ? fmt::format("; each of the {} chunks costs 1/{}", s.num_chunks(), s.num_chunks())
+          : "");
   std::cout << fmt::format("makespan: {:g}\n", r.makespan);
   std::cout << "stage  busy        bubble   peak live activations  buffers\n";
   for (int j = 0; j < s.num_stages(); ++j) {

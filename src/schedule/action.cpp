@@ -1,11 +1,11 @@
 // Action names, codes, the compact printer and its parser.
 #include "pipetrain/schedule/action.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <ostream>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "pipetrain/error.h"
 
@@ -19,10 +19,10 @@ struct OpInfo {
 
 // Indexed by Op.
 constexpr OpInfo kOps[kNumOps] = {
-    {"load_micro_batch", "L"}, {"forward", "F"},         {"backward", "B"},
-    {"backward_input", "I"},   {"backward_weight", "W"}, {"send_activation", "SA"},
-    {"recv_activation", "RA"}, {"send_grad", "SG"},      {"recv_grad", "RG"},
-    {"reduce_tied_grads", "T"}, {"reduce_grads", "R"},   {"optimizer_step", "O"},
+    {"load_micro_batch", "L"},  {"forward", "F"},         {"backward", "B"},
+    {"backward_input", "I"},    {"backward_weight", "W"}, {"send_activation", "SA"},
+    {"recv_activation", "RA"},  {"send_grad", "SG"},      {"recv_grad", "RG"},
+    {"reduce_tied_grads", "T"}, {"reduce_grads", "R"},    {"optimizer_step", "O"},
 };
 
 const OpInfo& info(Op op) { return kOps[static_cast<int>(op)]; }

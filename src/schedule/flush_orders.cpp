@@ -69,7 +69,8 @@ ComputeOrder zb_h1_order(int num_stages, int num_micro_batches) {
       input_grad(i);
     }
     for (int i = num_micro_batches - warmup; i < num_micro_batches; ++i) input_grad(i);
-    while (next_weight < num_micro_batches) steps.push_back(step(Op::backward_weight, next_weight++));
+    while (next_weight < num_micro_batches)
+      steps.push_back(step(Op::backward_weight, next_weight++));
   }
   return order;
 }

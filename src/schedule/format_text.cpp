@@ -1,8 +1,8 @@
 // Text forms of a schedule: listing, compute table and the marked step-by-stage grid.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "pipetrain/schedule/format.h"
 
@@ -12,10 +12,11 @@ namespace {
 std::string header(const Schedule& s) {
   std::string buffers;
   for (int b : s.buffers) buffers += (buffers.empty() ? "" : " ") + std::to_string(b);
-  return fmt::format("{}: {} stages, {} micro-batches, {} chunk(s) per stage ({} layout); "
-                     "buffers per stage: {}\n",
-                     kind_name(s.kind), s.num_stages(), s.num_micro_batches, s.num_chunks(),
-                     layout_name(s.layout.kind()), buffers);
+  return fmt::format(
+      "{}: {} stages, {} micro-batches, {} chunk(s) per stage ({} layout); "
+      "buffers per stage: {}\n",
+      kind_name(s.kind), s.num_stages(), s.num_micro_batches, s.num_chunks(),
+      layout_name(s.layout.kind()), buffers);
 }
 
 std::string pad(const std::string& text, size_t width) {

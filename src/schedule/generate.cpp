@@ -25,16 +25,17 @@ void check_chunks(const ScheduleOptions& o, int v) {
       break;
     case ScheduleKind::interleaved:
       if (v < 1)
-        throw ScheduleError(fmt::format("interleaved needs at least 1 chunk per stage (2 or more "
-                                        "to interleave; 1 is plain 1f1b), got {}",
-                                        v));
+        throw ScheduleError(
+            fmt::format("interleaved needs at least 1 chunk per stage (2 or more "
+                        "to interleave; 1 is plain 1f1b), got {}",
+                        v));
       break;
     case ScheduleKind::zb_v:
       if (v != 2)
-        throw ScheduleError(fmt::format(
-            "zb-v places exactly 2 chunks per stage in a V, got {}: use --chunks 2 (or "
-            "--kind interleaved for other chunk counts)",
-            v));
+        throw ScheduleError(
+            fmt::format("zb-v places exactly 2 chunks per stage in a V, got {}: use --chunks 2 (or "
+                        "--kind interleaved for other chunk counts)",
+                        v));
       break;
     case ScheduleKind::inference:
       if (v < 1)
@@ -85,13 +86,26 @@ Schedule generate(const ScheduleOptions& o) {
   const ScheduleKind kind = o.kind();
   ComputeOrder order;
   switch (kind) {
-    case ScheduleKind::fill_drain: order = fill_drain_order(P, M); break;
-    case ScheduleKind::one_f_one_b: order = one_f_one_b_order(P, M); break;
-    case ScheduleKind::inference: order = inference_order(layout, M); break;
-    case ScheduleKind::interleaved: order = interleaved_order(P, M, V); break;
-    case ScheduleKind::zb_h1: order = zb_h1_order(P, M); break;
-    case ScheduleKind::zb_v: order = zb_v_order(P, M); break;
-    case ScheduleKind::custom: break;  // rejected by check_chunks
+    case ScheduleKind::fill_drain:
+      order = fill_drain_order(P, M);
+      break;
+    case ScheduleKind::one_f_one_b:
+      order = one_f_one_b_order(P, M);
+      break;
+    case ScheduleKind::inference:
+      order = inference_order(layout, M);
+      break;
+    case ScheduleKind::interleaved:
+      order = interleaved_order(P, M, V);
+      break;
+    case ScheduleKind::zb_h1:
+      order = zb_h1_order(P, M);
+      break;
+    case ScheduleKind::zb_v:
+      order = zb_v_order(P, M);
+      break;
+    case ScheduleKind::custom:
+      break;  // rejected by check_chunks
   }
   return lower(kind, is_training(kind), M, layout, order);
 }

@@ -39,17 +39,16 @@ std::vector<int> micro_batch_groups(int num_stages, int num_micro_batches) {
   // group must be at least P long so that a chunk's output wraps from the last stage back
   // to stage 0 before stage 0 needs it.
   std::vector<int> starts = {0};
-  int next = num_micro_batches < 2 * num_stages
-                 ? num_micro_batches
-                 : num_stages + num_micro_batches % num_stages;
+  int next = num_micro_batches < 2 * num_stages ? num_micro_batches
+                                                : num_stages + num_micro_batches % num_stages;
   for (; next < num_micro_batches; next += num_stages) starts.push_back(next);
   starts.push_back(num_micro_batches);
   return starts;
 }
 
 ComputeOrder inference_order(const Layout& layout, int num_micro_batches) {
-  const auto sequence = group_sequence(layout.num_stages(), num_micro_batches,
-                                       layout.num_chunks(), Op::forward, false);
+  const auto sequence = group_sequence(layout.num_stages(), num_micro_batches, layout.num_chunks(),
+                                       Op::forward, false);
   return ComputeOrder(layout.num_stages(), sequence);
 }
 

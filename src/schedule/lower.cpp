@@ -1,11 +1,11 @@
 // Lowering a compute order to actions (comm, loads, step) and assigning buffer slots.
 #include "pipetrain/schedule/lower.h"
 
+#include <fmt/format.h>
+
 #include <functional>
 #include <queue>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "pipetrain/error.h"
 
@@ -46,9 +46,10 @@ std::vector<Action> lower_stage(int stage, bool training, const Layout& layout,
         add(Op::backward_weight, step);
         break;
       default:
-        throw ScheduleError(fmt::format("lower: stage {} has a compute step with op {}; only "
-                                        "forward and the backward kinds are compute steps",
-                                        stage, op_name(step.op)));
+        throw ScheduleError(
+            fmt::format("lower: stage {} has a compute step with op {}; only "
+                        "forward and the backward kinds are compute steps",
+                        stage, op_name(step.op)));
     }
   }
   if (training) {

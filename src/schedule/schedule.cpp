@@ -1,9 +1,9 @@
 // Schedule kinds by name, and the Schedule's derived counts.
 #include "pipetrain/schedule/schedule.h"
 
-#include <string>
-
 #include <fmt/format.h>
+
+#include <string>
 
 #include "pipetrain/error.h"
 
@@ -19,13 +19,20 @@ constexpr ScheduleKind kKinds[] = {ScheduleKind::fill_drain, ScheduleKind::one_f
 
 const char* kind_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::fill_drain: return "fill-drain";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-    case ScheduleKind::inference: return "inference";
-    case ScheduleKind::interleaved: return "interleaved";
-    case ScheduleKind::zb_h1: return "zb-h1";
-    case ScheduleKind::zb_v: return "zb-v";
-    case ScheduleKind::custom: return "custom";
+    case ScheduleKind::fill_drain:
+      return "fill-drain";
+    case ScheduleKind::one_f_one_b:
+      return "1f1b";
+    case ScheduleKind::inference:
+      return "inference";
+    case ScheduleKind::interleaved:
+      return "interleaved";
+    case ScheduleKind::zb_h1:
+      return "zb-h1";
+    case ScheduleKind::zb_v:
+      return "zb-v";
+    case ScheduleKind::custom:
+      return "custom";
   }
   return "unknown";
 }

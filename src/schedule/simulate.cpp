@@ -1,10 +1,10 @@
 // The simulator: replay with the cost model, then makespan, bubble and memory per stage.
 #include "pipetrain/schedule/simulate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/validate.h"
@@ -36,8 +36,8 @@ std::vector<TimedEvent> SimulationResult::events() const {
   std::vector<TimedEvent> out;
   for (const auto& row : timeline)
     for (const TimedAction& t : row)
-      out.push_back({t.action.stage, t.action.op, t.action.micro_batch, t.action.chunk, t.start,
-                     t.end});
+      out.push_back(
+          {t.action.stage, t.action.op, t.action.micro_batch, t.action.chunk, t.start, t.end});
   return out;
 }
 

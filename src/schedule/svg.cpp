@@ -1,11 +1,11 @@
 // SVG timeline of timed events: rows per stage, coloured compute boxes, axis and legend.
 #include "pipetrain/schedule/svg.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace pipetrain::schedule {
 namespace {
@@ -16,11 +16,16 @@ struct Rgb {
 
 Rgb base_colour(Op op) {
   switch (op) {
-    case Op::forward: return {0x4e, 0x79, 0xa7};          // blue
-    case Op::backward: return {0xb0, 0x3a, 0x2e};         // dark red
-    case Op::backward_input: return {0xe1, 0x57, 0x59};   // red
-    case Op::backward_weight: return {0x59, 0xa1, 0x4f};  // green
-    default: return {0x9c, 0x75, 0x5f};
+    case Op::forward:
+      return {0x4e, 0x79, 0xa7};  // blue
+    case Op::backward:
+      return {0xb0, 0x3a, 0x2e};  // dark red
+    case Op::backward_input:
+      return {0xe1, 0x57, 0x59};  // red
+    case Op::backward_weight:
+      return {0x59, 0xa1, 0x4f};  // green
+    default:
+      return {0x9c, 0x75, 0x5f};
   }
 }
 
@@ -40,11 +45,20 @@ std::string escape(const std::string& text) {
   std::string out;
   for (char ch : text) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
@@ -98,11 +112,13 @@ std::string render_svg(const std::vector<TimedEvent>& events, const SvgOptions& 
                        left, escape(options.title));
   for (int j = 0; j < rows; ++j) {
     const int y = top + j * (row_h + gap);
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">{} {}</text>\n",
-                       left - 8, y + row_h / 2 + 4, escape(options.row_name), j);
-    svg += fmt::format("<rect class=\"idle\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
-                       "fill=\"#e6e6e6\"/>\n",
-                       left, y, plot_w, row_h);
+    svg +=
+        fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">{} {}</text>\n",
+                    left - 8, y + row_h / 2 + 4, escape(options.row_name), j);
+    svg += fmt::format(
+        "<rect class=\"idle\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
+        "fill=\"#e6e6e6\"/>\n",
+        left, y, plot_w, row_h);
   }
   for (const TimedEvent& e : events) {
     if (!is_compute(e.op) || e.stage < 0 || e.stage >= rows || e.end <= e.start) continue;
@@ -114,18 +130,19 @@ std::string render_svg(const std::vector<TimedEvent>& events, const SvgOptions& 
     if (e.micro_batch >= 0) what += fmt::format(" micro-batch {}", e.micro_batch);
     if (num_chunks > 1) what += fmt::format(" chunk {}", e.chunk);
     what += fmt::format(", {} to {}", number(e.start), number(e.end));
-    svg += fmt::format("<g class=\"{}\"><title>{}</title><rect x=\"{:.2f}\" y=\"{}\" "
-                       "width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\" "
-                       "stroke-width=\"0.5\"/>",
-                       op_name(e.op), what, x, y, w, row_h, hex(colour));
+    svg += fmt::format(
+        "<g class=\"{}\"><title>{}</title><rect x=\"{:.2f}\" y=\"{}\" "
+        "width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\" "
+        "stroke-width=\"0.5\"/>",
+        op_name(e.op), what, x, y, w, row_h, hex(colour));
     const std::string label = e.micro_batch >= 0 ? std::to_string(e.micro_batch) : "";
     const int font = std::min(12, row_h - 10);
     if (!label.empty() && w >= label.size() * font * 0.62 + 2)
-      svg += fmt::format("<text class=\"label\" x=\"{:.2f}\" y=\"{}\" font-size=\"{}\" "
-                         "text-anchor=\"middle\" "
-                         "fill=\"{}\">{}</text>",
-                         x + w / 2, y + row_h / 2 + font / 2 - 1, font,
-                         dark(colour) ? "white" : "black", label);
+      svg += fmt::format(
+          "<text class=\"label\" x=\"{:.2f}\" y=\"{}\" font-size=\"{}\" "
+          "text-anchor=\"middle\" "
+          "fill=\"{}\">{}</text>",
+          x + w / 2, y + row_h / 2 + font / 2 - 1, font, dark(colour) ? "white" : "black", label);
     svg += "</g>\n";
   }
   const double step = tick_step(span);
@@ -133,38 +150,41 @@ std::string render_svg(const std::vector<TimedEvent>& events, const SvgOptions& 
                      axis_y - 12, left + plot_w, axis_y - 12);
   for (double t = 0; t <= span + step * 1e-9; t += step) {
     const double x = x_of(t0 + t);
-    svg += fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"#666\"/>"
-                       "<text x=\"{:.2f}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" "
-                       "fill=\"#444\">{}</text>\n",
-                       x, axis_y - 12, x, axis_y - 8, x, axis_y + 2, number(t));
+    svg += fmt::format(
+        "<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"#666\"/>"
+        "<text x=\"{:.2f}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" "
+        "fill=\"#444\">{}</text>\n",
+        x, axis_y - 12, x, axis_y - 8, x, axis_y + 2, number(t));
   }
   int lx = left;
   auto legend = [&](const std::string& fill, const std::string& text) {
-    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\"/>"
-                       "<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n",
-                       lx, legend_y, fill, lx + 19, legend_y + 11, text);
+    svg += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\"/>"
+        "<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n",
+        lx, legend_y, fill, lx + 19, legend_y + 11, text);
     lx += 24 + static_cast<int>(text.size()) * 7;
   };
   for (Op op : {Op::forward, Op::backward, Op::backward_input, Op::backward_weight})
     if (present[static_cast<int>(op)]) legend(hex(base_colour(op)), op_name(op));
   legend("#e6e6e6", "idle");
   if (num_chunks > 1) {
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#444\">lighter shade = "
-                       "later chunk; labels are micro-batch ids</text>\n",
-                       lx, legend_y + 11);
+    svg += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#444\">lighter shade = "
+        "later chunk; labels are micro-batch ids</text>\n",
+        lx, legend_y + 11);
   } else {
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#444\">labels are "
-                       "micro-batch ids</text>\n",
-                       lx, legend_y + 11);
+    svg += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#444\">labels are "
+        "micro-batch ids</text>\n",
+        lx, legend_y + 11);
   }
   svg += "</svg>\n";
   return svg;
 }
 
 std::string timeline_title(const Schedule& s, double bubble) {
-  return fmt::format("{}: P={} stages, M={} micro-batches, V={}, bubble {:.1f}%",
-                     kind_name(s.kind), s.num_stages(), s.num_micro_batches, s.num_chunks(),
-                     100.0 * bubble);
+  return fmt::format("{}: P={} stages, M={} micro-batches, V={}, bubble {:.1f}%", kind_name(s.kind),
+                     s.num_stages(), s.num_micro_batches, s.num_chunks(), 100.0 * bubble);
 }
 
 }  // namespace pipetrain::schedule

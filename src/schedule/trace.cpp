@@ -2,7 +2,6 @@
 #include "pipetrain/schedule/trace.h"
 
 #include <algorithm>
-
 #include <nlohmann/json.hpp>
 
 namespace pipetrain::schedule {

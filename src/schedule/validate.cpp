@@ -1,10 +1,10 @@
 // The validator's entry points: the passes in order, the deadlock check and the report.
 #include "pipetrain/schedule/validate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
-
-#include <fmt/format.h>
 
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/format.h"
@@ -55,11 +55,11 @@ std::optional<ScheduleProblem> check_deadlock(const Schedule& s) {
     const int k = r.stopped_at[stage];
     const Action& recv = s.stages[stage][k];
     const int send_at = find_send(s, recv);
-    reason += fmt::format("{}stage {} is blocked at position {} on {}, which waits for {} at "
-                          "stage {} position {}",
-                          n == 0 ? "" : "; ", stage, k, to_string(recv),
-                          to_string(s.stages[recv.peer_stage][send_at]), recv.peer_stage,
-                          send_at);
+    reason += fmt::format(
+        "{}stage {} is blocked at position {} on {}, which waits for {} at "
+        "stage {} position {}",
+        n == 0 ? "" : "; ", stage, k, to_string(recv),
+        to_string(s.stages[recv.peer_stage][send_at]), recv.peer_stage, send_at);
     if (n == 0) {
       problem.stage = stage;
       problem.position = k;
@@ -79,19 +79,17 @@ std::optional<ScheduleProblem> check_deadlock(const Schedule& s) {
 std::optional<ScheduleProblem> find_problem(const Schedule& s) {
   const int P = s.num_stages();
   if (static_cast<int>(s.stages.size()) != P)
-    return ScheduleProblem{-1, -1,
-                           fmt::format("{} stage lists for a layout of {} stages",
-                                       s.stages.size(), P),
-                           {}};
+    return ScheduleProblem{
+        -1, -1, fmt::format("{} stage lists for a layout of {} stages", s.stages.size(), P), {}};
   if (static_cast<int>(s.buffers.size()) != P)
-    return ScheduleProblem{-1, -1,
-                           fmt::format("{} buffer counts for {} stages", s.buffers.size(), P),
-                           {}};
+    return ScheduleProblem{
+        -1, -1, fmt::format("{} buffer counts for {} stages", s.buffers.size(), P), {}};
   if (s.num_micro_batches < 1)
-    return ScheduleProblem{-1, -1,
-                           fmt::format("{} micro-batches; a schedule has at least 1",
-                                       s.num_micro_batches),
-                           {}};
+    return ScheduleProblem{
+        -1,
+        -1,
+        fmt::format("{} micro-batches; a schedule has at least 1", s.num_micro_batches),
+        {}};
   for (int j = 0; j < P; ++j)
     if (auto p = detail::check_stage_order(s, j)) return p;
   if (auto p = detail::check_matching(s)) return p;
@@ -103,10 +101,10 @@ std::optional<ScheduleProblem> find_problem(const Schedule& s) {
 }
 
 std::string describe_problem(const Schedule& s, const ScheduleProblem& p) {
-  std::string out = fmt::format("invalid {} schedule ({} stages, {} micro-batches, {} chunk(s) "
-                                "per stage): ",
-                                kind_name(s.kind), s.num_stages(), s.num_micro_batches,
-                                s.num_chunks());
+  std::string out = fmt::format(
+      "invalid {} schedule ({} stages, {} micro-batches, {} chunk(s) "
+      "per stage): ",
+      kind_name(s.kind), s.num_stages(), s.num_micro_batches, s.num_chunks());
   const bool on_stage = p.stage >= 0 && p.stage < static_cast<int>(s.stages.size());
   const bool at_action =
       on_stage && p.position >= 0 && p.position < static_cast<int>(s.stages[p.stage].size());

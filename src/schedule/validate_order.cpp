@@ -1,8 +1,8 @@
 // Validator pass: each action well formed and after the actions that produce its inputs.
+#include <fmt/format.h>
+
 #include <array>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "validate_internal.h"
 
@@ -12,14 +12,10 @@ namespace {
 constexpr int kMicroBatchOps = 9;  // the Op values below reduce_tied_grads
 constexpr Op kSteps[] = {Op::reduce_tied_grads, Op::reduce_grads, Op::optimizer_step};
 
-int step_index(Op op) {
-  return op == Op::reduce_tied_grads ? 0 : op == Op::reduce_grads ? 1 : 2;
-}
+int step_index(Op op) { return op == Op::reduce_tied_grads ? 0 : op == Op::reduce_grads ? 1 : 2; }
 
 // Which neighbour a comm op talks to: +1 = the next virtual stage, -1 = the previous one.
-int direction(Op op) {
-  return op == Op::send_activation || op == Op::recv_grad ? +1 : -1;
-}
+int direction(Op op) { return op == Op::send_activation || op == Op::recv_grad ? +1 : -1; }
 
 }  // namespace
 
@@ -50,8 +46,7 @@ std::optional<ScheduleProblem> check_stage_order(const Schedule& s, int j) {
     };
     const std::string malformed = malformation(a);
     if (!malformed.empty()) return fail(malformed);
-    if (a.stage != j)
-      return fail(fmt::format("listed on stage {} but names stage {}", j, a.stage));
+    if (a.stage != j) return fail(fmt::format("listed on stage {} but names stage {}", j, a.stage));
     if (a.chunk >= V)
       return fail(fmt::format("chunk {}, but the schedule has {} chunk(s) per stage", a.chunk, V));
     if (is_step(a.op)) {
@@ -59,12 +54,13 @@ std::optional<ScheduleProblem> check_stage_order(const Schedule& s, int j) {
       if (a.chunk != 0) return fail("step actions act on the whole stage: chunk must be 0");
       const int idx = step_index(a.op);
       if (step_at[idx] >= 0)
-        return fail(fmt::format("second {} (the first is at position {})", op_name(a.op),
-                                step_at[idx]));
+        return fail(
+            fmt::format("second {} (the first is at position {})", op_name(a.op), step_at[idx]));
       if (idx > 0 && step_at[idx - 1] < 0)
-        return fail(fmt::format("{} before {}: a stage ends with reduce_tied_grads, "
-                                "reduce_grads, optimizer_step in this order",
-                                op_name(a.op), op_name(kSteps[idx - 1])));
+        return fail(
+            fmt::format("{} before {}: a stage ends with reduce_tied_grads, "
+                        "reduce_grads, optimizer_step in this order",
+                        op_name(a.op), op_name(kSteps[idx - 1])));
       if (completed < static_cast<int>(seen.size())) {
         for (int c = 0; c < V; ++c)
           for (int i = 0; i < M; ++i) {
@@ -72,21 +68,23 @@ std::optional<ScheduleProblem> check_stage_order(const Schedule& s, int j) {
             const bool done = sn[static_cast<int>(Op::backward)] >= 0 ||
                               sn[static_cast<int>(Op::backward_weight)] >= 0;
             if (!done)
-              return fail(fmt::format("{} before the backward of {} is done: the step actions "
-                                      "come after all backward work of the stage",
-                                      op_name(a.op), what(s, c, i)));
+              return fail(
+                  fmt::format("{} before the backward of {} is done: the step actions "
+                              "come after all backward work of the stage",
+                              op_name(a.op), what(s, c, i)));
           }
       }
       step_at[idx] = k;
       continue;
     }
     if (step_at[0] >= 0)
-      return fail(fmt::format("after the step actions (reduce_tied_grads at position {}) the "
-                              "stage runs nothing else",
-                              step_at[0]));
+      return fail(
+          fmt::format("after the step actions (reduce_tied_grads at position {}) the "
+                      "stage runs nothing else",
+                      step_at[0]));
     if (a.micro_batch >= M)
-      return fail(fmt::format("micro-batch {}, but the schedule has {} (0..{})", a.micro_batch, M,
-                              M - 1));
+      return fail(
+          fmt::format("micro-batch {}, but the schedule has {} (0..{})", a.micro_batch, M, M - 1));
     if (a.slot < 0) return fail("no buffer slot assigned (lower() and assign_slots() assign them)");
     if (a.slot >= buffers)
       return fail(fmt::format("slot {}, but the stage has {} buffer(s) (slots 0..{})", a.slot,
@@ -113,55 +111,65 @@ std::optional<ScheduleProblem> check_stage_order(const Schedule& s, int j) {
                                 neighbour < 0 ? "previous" : "next"));
       const Placement p = layout.placement(neighbour);
       if (a.peer_stage != p.stage || a.peer_chunk != p.chunk)
-        return fail(fmt::format("peer is stage {} chunk {}, but virtual stage {} lives on stage {} "
-                                "chunk {}",
-                                a.peer_stage, a.peer_chunk, neighbour, p.stage, p.chunk));
+        return fail(
+            fmt::format("peer is stage {} chunk {}, but virtual stage {} lives on stage {} "
+                        "chunk {}",
+                        a.peer_stage, a.peer_chunk, neighbour, p.stage, p.chunk));
     }
     const auto before = [&](Op o) { return sn[static_cast<int>(o)] >= 0; };
     switch (a.op) {
       case Op::load_micro_batch:
         if (v != 0 && v != last)
-          return fail(fmt::format("chunk {} holds virtual stage {}: only the first (inputs) and "
-                                  "the last (labels) virtual stage load data",
-                                  a.chunk, v));
+          return fail(
+              fmt::format("chunk {} holds virtual stage {}: only the first (inputs) and "
+                          "the last (labels) virtual stage load data",
+                          a.chunk, v));
         if (a.micro_batch <= last_load[a.chunk])
-          return fail(fmt::format("loads micro-batch {} after micro-batch {}: loads run in "
-                                  "increasing order per chunk (one data iterator per role)",
-                                  a.micro_batch, last_load[a.chunk]));
+          return fail(
+              fmt::format("loads micro-batch {} after micro-batch {}: loads run in "
+                          "increasing order per chunk (one data iterator per role)",
+                          a.micro_batch, last_load[a.chunk]));
         last_load[a.chunk] = a.micro_batch;
         break;
       case Op::forward:
         if (v > 0 && !before(Op::recv_activation))
-          return fail(fmt::format("forward of {} before its input arrived: no recv_activation "
-                                  "earlier on this stage",
-                                  mb()));
+          return fail(
+              fmt::format("forward of {} before its input arrived: no recv_activation "
+                          "earlier on this stage",
+                          mb()));
         if ((v == 0 || v == last) && !before(Op::load_micro_batch))
-          return fail(fmt::format("forward of {} on virtual stage {} before its load_micro_batch "
-                                  "(it needs the {})",
-                                  mb(), v, v == 0 ? "inputs" : "labels"));
+          return fail(
+              fmt::format("forward of {} on virtual stage {} before its load_micro_batch "
+                          "(it needs the {})",
+                          mb(), v, v == 0 ? "inputs" : "labels"));
         break;
       case Op::send_activation:
         if (!before(Op::forward))
-          return fail(fmt::format("send_activation of {} before the forward that produces it", mb()));
+          return fail(
+              fmt::format("send_activation of {} before the forward that produces it", mb()));
         break;
       case Op::recv_grad:
         if (!before(Op::forward))
-          return fail(fmt::format("recv_grad of {} before its forward: the slot holds no output "
-                                  "yet",
-                                  mb()));
+          return fail(
+              fmt::format("recv_grad of {} before its forward: the slot holds no output "
+                          "yet",
+                          mb()));
         break;
       case Op::backward:
       case Op::backward_input: {
-        if (!before(Op::forward)) return fail(fmt::format("backward of {} before its forward", mb()));
+        if (!before(Op::forward))
+          return fail(fmt::format("backward of {} before its forward", mb()));
         if (v < last && !before(Op::recv_grad))
-          return fail(fmt::format("backward of {} before its output gradient arrived: no "
-                                  "recv_grad earlier on this stage",
-                                  mb()));
+          return fail(
+              fmt::format("backward of {} before its output gradient arrived: no "
+                          "recv_grad earlier on this stage",
+                          mb()));
         const Op other = a.op == Op::backward ? Op::backward_input : Op::backward;
         if (before(other))
-          return fail(fmt::format("{} of {} after a {}: use a full backward or the split pair "
-                                  "backward_input + backward_weight, not both",
-                                  op_name(a.op), mb(), op_name(other)));
+          return fail(
+              fmt::format("{} of {} after a {}: use a full backward or the split pair "
+                          "backward_input + backward_weight, not both",
+                          op_name(a.op), mb(), op_name(other)));
         if (a.op == Op::backward) ++completed;
         break;
       }
@@ -184,8 +192,10 @@ std::optional<ScheduleProblem> check_stage_order(const Schedule& s, int j) {
   if (s.training && step_at[2] < 0) {
     std::string missing;
     for (int idx = 0; idx < 3; ++idx)
-      if (step_at[idx] < 0) missing += (missing.empty() ? "" : ", ") + std::string(op_name(kSteps[idx]));
-    return ScheduleProblem{j, -1,
+      if (step_at[idx] < 0)
+        missing += (missing.empty() ? "" : ", ") + std::string(op_name(kSteps[idx]));
+    return ScheduleProblem{j,
+                           -1,
                            fmt::format("a training schedule ends every stage with "
                                        "reduce_tied_grads, reduce_grads, optimizer_step; "
                                        "missing: {}",

@@ -1,8 +1,8 @@
 // Validator passes: sends pair with receives, work is complete, slots are not overwritten.
+#include <fmt/format.h>
+
 #include <array>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "replay.h"
 #include "validate_internal.h"
@@ -13,10 +13,14 @@ namespace {
 // The op that receives what `send` sends, and back.
 Op counterpart(Op op) {
   switch (op) {
-    case Op::send_activation: return Op::recv_activation;
-    case Op::recv_activation: return Op::send_activation;
-    case Op::send_grad: return Op::recv_grad;
-    default: return Op::send_grad;
+    case Op::send_activation:
+      return Op::recv_activation;
+    case Op::recv_activation:
+      return Op::send_activation;
+    case Op::send_grad:
+      return Op::recv_grad;
+    default:
+      return Op::send_grad;
   }
 }
 
@@ -42,7 +46,8 @@ std::optional<ScheduleProblem> check_matching(const Schedule& s) {
       const size_t m = message_of(s, a);
       if (by[m] >= 0) {
         const int first = position_of(by[m], a, is_send(a.op));
-        return ScheduleProblem{j, k,
+        return ScheduleProblem{j,
+                               k,
                                fmt::format("second {} of this message (the first is stage {} "
                                            "position {})",
                                            op_name(a.op), by[m], first),
@@ -58,13 +63,15 @@ std::optional<ScheduleProblem> check_matching(const Schedule& s) {
       const size_t m = message_of(s, a);
       if ((is_send(a.op) ? received[m] : sent[m]) >= 0) continue;
       if (is_send(a.op))
-        return ScheduleProblem{j, k,
+        return ScheduleProblem{j,
+                               k,
                                fmt::format("unmatched send: stage {} never runs the matching {} "
                                            "of {}",
                                            a.peer_stage, op_name(counterpart(a.op)),
                                            what(s, a.peer_chunk, a.micro_batch)),
                                {}};
-      return ScheduleProblem{j, k,
+      return ScheduleProblem{j,
+                             k,
                              fmt::format("waits for a message never sent: stage {} has no {} of "
                                          "{} to this stage",
                                          a.peer_stage, op_name(counterpart(a.op)),
@@ -97,21 +104,25 @@ std::optional<ScheduleProblem> check_stage_complete(const Schedule& s, int j) {
       if (!has(Op::forward))
         return ScheduleProblem{j, -1, fmt::format("{} is never forwarded", mb()), {}};
       if (v < last && !has(Op::send_activation))
-        return ScheduleProblem{j, where(Op::forward),
+        return ScheduleProblem{j,
+                               where(Op::forward),
                                fmt::format("the output of {} is never sent on (no "
                                            "send_activation to virtual stage {})",
                                            mb(), v + 1),
                                {}};
       if (!s.training) continue;
       if (!has(Op::backward) && !has(Op::backward_input))
-        return ScheduleProblem{j, where(Op::forward),
-                               fmt::format("{} is forwarded but never backwarded", mb()), {}};
+        return ScheduleProblem{
+            j, where(Op::forward), fmt::format("{} is forwarded but never backwarded", mb()), {}};
       const Op grad_op = has(Op::backward) ? Op::backward : Op::backward_input;
       if (grad_op == Op::backward_input && !has(Op::backward_weight))
-        return ScheduleProblem{j, where(grad_op),
-                               fmt::format("backward_input of {} has no backward_weight", mb()), {}};
+        return ScheduleProblem{j,
+                               where(grad_op),
+                               fmt::format("backward_input of {} has no backward_weight", mb()),
+                               {}};
       if (v > 0 && !has(Op::send_grad))
-        return ScheduleProblem{j, where(grad_op),
+        return ScheduleProblem{j,
+                               where(grad_op),
                                fmt::format("the input gradient of {} is never sent back (no "
                                            "send_grad to virtual stage {})",
                                            mb(), v - 1),
@@ -138,7 +149,8 @@ std::optional<ScheduleProblem> check_stage_slots(const Schedule& s, int j) {
       const size_t owner_key = key_of(s, owner.chunk, owner.micro_batch);
       if (owner_key != key && last_use[owner_key] > k)
         return ScheduleProblem{
-            j, k,
+            j,
+            k,
             fmt::format("overwrites slot {}, which still holds {}: its last use is position {} "
                         "({})",
                         a.slot, what(s, owner.chunk, owner.micro_batch), last_use[owner_key],

@@ -37,7 +37,7 @@ ComputeOrder zb_v_order(int num_stages, int num_micro_batches) {
     int input[2] = {0, 0};
     int weight[2] = {0, 0};
     auto run = [&](Op op, int chunk) {
-      int& next = op == Op::forward ? forward[chunk]
+      int& next = op == Op::forward          ? forward[chunk]
                   : op == Op::backward_input ? input[chunk]
                                              : weight[chunk];
       if (next < M) steps.push_back({op, chunk, next});

@@ -25,7 +25,8 @@ CliRun run(std::vector<std::string> args) {
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   const int code = run_cli(static_cast<int>(argv.size()), argv.data());
-  CliRun r{code, ::testing::internal::GetCapturedStdout(), ::testing::internal::GetCapturedStderr()};
+  CliRun r{code, ::testing::internal::GetCapturedStdout(),
+           ::testing::internal::GetCapturedStderr()};
   return r;
 }
 
@@ -53,8 +54,8 @@ TEST(ScheduleCommand, PrintsOneLinePerStage) {
 }
 
 TEST(ScheduleCommand, JsonHasAStagesArrayOfActionObjects) {
-  const CliRun r = run({"schedule", "--kind", "interleaved", "--stages", "2", "--micro-batches", "4",
-                     "--chunks", "2", "--format", "json"});
+  const CliRun r = run({"schedule", "--kind", "interleaved", "--stages", "2", "--micro-batches",
+                        "4", "--chunks", "2", "--format", "json"});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto json = nlohmann::json::parse(r.out);
   ASSERT_EQ(json["stages"].size(), 2u);
@@ -74,13 +75,13 @@ TEST(ScheduleCommand, JsonHasAStagesArrayOfActionObjects) {
 }
 
 TEST(ScheduleCommand, StageSelectsOneStage) {
-  const CliRun text = run({"schedule", "--kind", "zb-h1", "--stages", "4", "--micro-batches", "8",
-                        "--stage", "3"});
+  const CliRun text =
+      run({"schedule", "--kind", "zb-h1", "--stages", "4", "--micro-batches", "8", "--stage", "3"});
   ASSERT_EQ(text.code, 0) << text.err;
   EXPECT_EQ(text.out.find("stage 0:"), std::string::npos);
   EXPECT_NE(text.out.find("\nstage 3: 3RA0#0<2 3L0#0 3F0#0 3I0#0"), std::string::npos) << text.out;
   const CliRun json = run({"schedule", "--kind", "zb-h1", "--stages", "4", "--micro-batches", "8",
-                        "--stage", "3", "--format", "json"});
+                           "--stage", "3", "--format", "json"});
   const auto parsed = nlohmann::json::parse(json.out);
   EXPECT_TRUE(parsed["stages"][0].empty());
   EXPECT_FALSE(parsed["stages"][3].empty());
@@ -106,8 +107,7 @@ TEST(ScheduleCommand, BadArgumentsGiveOneLineAndUsage) {
        "--format expects text or json, got 'xml'"},
       {{"schedule", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--colour"},
        "unknown argument '--colour'"},
-      {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--cost-comm",
-        "-1"},
+      {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--cost-comm", "-1"},
        "--cost-comm expects a cost (a number >= 0), got '-1'"},
       {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--svg"},
        "--svg needs a FILE"},
@@ -145,9 +145,11 @@ TEST(SimulateCommand, CostsJsonSvgAndTrace) {
   const std::string trace = temp_path("simulate_command_test.json");
   std::remove(svg.c_str());
   std::remove(trace.c_str());
-  const CliRun r = run({"simulate", "--kind", "zb-v", "--stages", "2", "--micro-batches", "4",
-                     "--cost-forward", "2", "--cost-backward", "2", "--cost-weight", "2",
-                     "--cost-comm", "0", "--format", "json", "--svg", svg, "--trace", trace});
+  const CliRun r =
+      run({"simulate", "--kind",         "zb-v", "--stages",        "2",    "--micro-batches",
+           "4",        "--cost-forward", "2",    "--cost-backward", "2",    "--cost-weight",
+           "2",        "--cost-comm",    "0",    "--format",        "json", "--svg",
+           svg,        "--trace",        trace});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto json = nlohmann::json::parse(r.out);
   EXPECT_DOUBLE_EQ(json["makespan"].get<double>(), 25);  // 24 units of work + 1 idle
@@ -156,16 +158,18 @@ TEST(SimulateCommand, CostsJsonSvgAndTrace) {
   ASSERT_EQ(json["stages"].size(), 2u);
   EXPECT_EQ(json["stages"][0]["peak_activation_memory"], 2.0);
   const std::string drawing = read(svg);
-  EXPECT_NE(drawing.find("zb-v: P=2 stages, M=4 micro-batches, V=2, bubble 4.0%"), std::string::npos);
+  EXPECT_NE(drawing.find("zb-v: P=2 stages, M=4 micro-batches, V=2, bubble 4.0%"),
+            std::string::npos);
   const auto events = nlohmann::json::parse(read(trace))["traceEvents"];
   EXPECT_GT(events.size(), 48u);
 }
 
 TEST(SimulateCommand, UnwritableFileIsAnErrorWithoutUsage) {
   const CliRun r = run({"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2",
-                     "--trace", "/nonexistent-dir/trace.json"});
+                        "--trace", "/nonexistent-dir/trace.json"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find("--trace /nonexistent-dir/trace.json: cannot write the file"), std::string::npos);
+  EXPECT_NE(r.err.find("--trace /nonexistent-dir/trace.json: cannot write the file"),
+            std::string::npos);
   EXPECT_EQ(r.err.find("usage:"), std::string::npos);
 }
 

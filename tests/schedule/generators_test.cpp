@@ -42,8 +42,8 @@ TEST(Inference, ForwardsOnlyOneBufferNoStep) {
 }
 
 TEST(Inference, EvaluatesAModelLaidOutForZbV) {
-  const Schedule s =
-      generate(ScheduleOptions(ScheduleKind::inference, 2, 2).chunks(2).layout(LayoutKind::v_shape));
+  const Schedule s = generate(
+      ScheduleOptions(ScheduleKind::inference, 2, 2).chunks(2).layout(LayoutKind::v_shape));
   validate(s);
   // Stage 0 loads the inputs for chunk 0 and the labels for chunk 1 (the last virtual stage).
   EXPECT_EQ(format_text(s, 0).substr(format_text(s, 0).find('\n') + 1),
@@ -53,14 +53,17 @@ TEST(Inference, EvaluatesAModelLaidOutForZbV) {
 
 TEST(Interleaved, GoldenMegatronOrderTwoStagesTwoChunks) {
   // Groups of P = 2 micro-batches per chunk; warm-up 2(P-j-1) + (V-1)P forwards.
+  // clang-format off
   EXPECT_EQ(format_compute_table(make(ScheduleKind::interleaved, 2, 4, 2)),
             "stage 0: F0   F1   F0c1 F1c1 F2   B0c1 F3   B1c1 F2c1 B0   F3c1 B1   B2c1 B3c1 B2   B3\n"
             "stage 1: F0   F1   F0c1 B0c1 F1c1 B1c1 F2   B0   F3   B1   F2c1 B2c1 F3c1 B3c1 B2   B3\n");
+  // clang-format on
 }
 
 TEST(Interleaved, GoldenTimelineShowsTheShorterWarmUp) {
   // Each chunk holds half a stage: F = 2 and B + W = 4 per stage make 1 and 2 per chunk.
-  const auto r = simulate(make(ScheduleKind::interleaved, 2, 4, 2), CostModel::uniform(2, 2, 2, 2, 0));
+  const auto r =
+      simulate(make(ScheduleKind::interleaved, 2, 4, 2), CostModel::uniform(2, 2, 2, 2, 0));
   EXPECT_EQ(testing::timeline_text(r, 5),
             "stage 0:   F0   F1 F0c1 F1c1   F2    . B0c1 B0c1   F3 B1c1 B1c1 F2c1   B0   B0 F3c1"
             "   B1   B1    . B2c1 B2c1    . B3c1 B3c1   B2   B2   B3   B3\n"
@@ -112,7 +115,8 @@ TEST(ZbH1, GoldenTimelineFillsTheCoolDownWithWeightGradients) {
             " W6 W7\n");
   // (P - 1) idle units per stage instead of 1F1B's 3 (P - 1).
   EXPECT_DOUBLE_EQ(r.makespan, 27);
-  const auto ones = simulate(make(ScheduleKind::one_f_one_b, 4, 8), CostModel::uniform(4, 1, 1, 1, 0));
+  const auto ones =
+      simulate(make(ScheduleKind::one_f_one_b, 4, 8), CostModel::uniform(4, 1, 1, 1, 0));
   EXPECT_EQ(peak_live_activations(make(ScheduleKind::zb_h1, 4, 8)), (std::vector<int>{4, 4, 4, 4}));
   EXPECT_EQ(*std::max_element(ones.peak_live_activations.begin(), ones.peak_live_activations.end()),
             4);
@@ -185,9 +189,9 @@ TEST(Generate, RejectsNonPositiveSizesAsConfigErrors) {
 }
 
 TEST(Generate, KindNamesRoundTrip) {
-  for (ScheduleKind kind : {ScheduleKind::fill_drain, ScheduleKind::one_f_one_b,
-                            ScheduleKind::inference, ScheduleKind::interleaved,
-                            ScheduleKind::zb_h1, ScheduleKind::zb_v})
+  for (ScheduleKind kind :
+       {ScheduleKind::fill_drain, ScheduleKind::one_f_one_b, ScheduleKind::inference,
+        ScheduleKind::interleaved, ScheduleKind::zb_h1, ScheduleKind::zb_v})
     EXPECT_EQ(parse_kind(kind_name(kind)), kind);
   try {
     parse_kind("gpipe");

@@ -36,7 +36,8 @@ rc::Gen<Params> params() {
                : p.kind == ScheduleKind::zb_v      ? 2
                                                    : 1;
     p.layout = p.kind == ScheduleKind::zb_v ? LayoutKind::v_shape : LayoutKind::looped;
-    if (p.kind == ScheduleKind::inference && *rc::gen::arbitrary<bool>()) p.layout = LayoutKind::v_shape;
+    if (p.kind == ScheduleKind::inference && *rc::gen::arbitrary<bool>())
+      p.layout = LayoutKind::v_shape;
     return p;
   });
 }
@@ -141,9 +142,10 @@ RC_GTEST_PROP(ScheduleProperty, AnyPositiveCostsFinishWithinTheSerialTime, ()) {
     costs.backward_input[j] = *rc::gen::inRange(1, 100) / 10.0;
     costs.backward_weight[j] = *rc::gen::inRange(0, 100) / 10.0;
     costs.transfer[j] = *rc::gen::inRange(0, 30) / 10.0;
-    serial += (costs.forward[j] + (s.training ? costs.backward_input[j] + costs.backward_weight[j] : 0) +
-               2.0 * p.chunks * costs.transfer[j]) *
-              p.micro_batches;
+    serial +=
+        (costs.forward[j] + (s.training ? costs.backward_input[j] + costs.backward_weight[j] : 0) +
+         2.0 * p.chunks * costs.transfer[j]) *
+        p.micro_batches;
   }
   const SimulationResult r = simulate(s, costs);
   // Each stage's work fits in the makespan, and no schedule is slower than running every

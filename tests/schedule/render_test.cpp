@@ -58,7 +58,8 @@ TEST(ChromeTrace, MeasuredEventsInSecondsNamedByRank) {
   EXPECT_DOUBLE_EQ(events[events.size() - 1]["ts"].get<double>(), 500000.0);
   EXPECT_DOUBLE_EQ(events[events.size() - 1]["dur"].get<double>(), 250000.0);
   bool named = false;
-  for (const auto& e : events) named = named || (e["name"] == "thread_name" && e["args"]["name"] == "rank 3");
+  for (const auto& e : events)
+    named = named || (e["name"] == "thread_name" && e["args"]["name"] == "rank 3");
   EXPECT_TRUE(named);
 }
 
@@ -78,14 +79,15 @@ TEST(Svg, RowsBoxesLabelsLegendAndTitle) {
   EXPECT_NE(svg.find("<title>stage 2: forward micro-batch 5, "), std::string::npos);
   // Micro-batch ids are drawn in the boxes (96 boxes, each wide enough).
   EXPECT_EQ(count(svg, "class=\"label\""), 96u);
-  for (const char* legend : {">forward</text>", ">backward_input</text>", ">backward_weight</text>",
-                             ">idle</text>"})
+  for (const char* legend :
+       {">forward</text>", ">backward_input</text>", ">backward_weight</text>", ">idle</text>"})
     EXPECT_NE(svg.find(legend), std::string::npos) << legend;
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
 }
 
 TEST(Svg, LaterChunksAreLighterAndTitlesAreEscaped) {
-  const std::vector<TimedEvent> events = {{0, Op::forward, 0, 0, 0, 1}, {0, Op::forward, 0, 1, 1, 2}};
+  const std::vector<TimedEvent> events = {{0, Op::forward, 0, 0, 0, 1},
+                                          {0, Op::forward, 0, 1, 1, 2}};
   SvgOptions options;
   options.title = "a < b & c";
   const std::string svg = render_svg(events, options);
@@ -124,6 +126,7 @@ TEST(Format, JsonHasOneArrayPerStageWithOpMbAndChunk) {
       }
     }
   }
+  EXPECT_EQ(nlohmann::json::parse(to_json(s, -1, false)), json);
   const auto only = nlohmann::json::parse(to_json(s, 1));
   EXPECT_EQ(only["selected_stage"], 1);
   EXPECT_TRUE(only["stages"][0].empty());

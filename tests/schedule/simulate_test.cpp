@@ -16,8 +16,8 @@ Schedule make(ScheduleKind kind, int P, int M, int V = 0) {
   return generate(ScheduleOptions(kind, P, M).chunks(V));
 }
 
-double bubble(ScheduleKind kind, int P, int M, int V = 0, double F = 1, double B = 1,
-              double W = 1, double C = 0) {
+double bubble(ScheduleKind kind, int P, int M, int V = 0, double F = 1, double B = 1, double W = 1,
+              double C = 0) {
   return simulate(make(kind, P, M, V), CostModel::uniform(P, F, B, W, C)).bubble_overall;
 }
 
@@ -35,7 +35,8 @@ TEST(Simulate, InterleavingDividesTheBubbleByAboutV) {
   // (P - 1) / (V M + P - 1) when M is a multiple of P.
   EXPECT_NEAR(bubble(ScheduleKind::interleaved, 4, 8, 2), 3.0 / 19.0, 1e-12);
   EXPECT_NEAR(bubble(ScheduleKind::interleaved, 4, 16, 4), 3.0 / 67.0, 1e-12);
-  const double ratio = bubble(ScheduleKind::one_f_one_b, 8, 64) / bubble(ScheduleKind::interleaved, 8, 64, 4);
+  const double ratio =
+      bubble(ScheduleKind::one_f_one_b, 8, 64) / bubble(ScheduleKind::interleaved, 8, 64, 4);
   EXPECT_GT(ratio, 3.5);
   EXPECT_LT(ratio, 4.0);
 }
@@ -43,13 +44,15 @@ TEST(Simulate, InterleavingDividesTheBubbleByAboutV) {
 TEST(Simulate, ZbH1IsAboutAThirdOfOneFOneBAtEqualCosts) {
   // (P - 1) / (3 M + P - 1) for M >= P.
   EXPECT_NEAR(bubble(ScheduleKind::zb_h1, 4, 8), 3.0 / 27.0, 1e-12);
-  const double ratio = bubble(ScheduleKind::zb_h1, 8, 64) / bubble(ScheduleKind::one_f_one_b, 8, 64);
+  const double ratio =
+      bubble(ScheduleKind::zb_h1, 8, 64) / bubble(ScheduleKind::one_f_one_b, 8, 64);
   EXPECT_GT(ratio, 1.0 / 3.0);
   EXPECT_LT(ratio, 0.36);
 }
 
 TEST(Simulate, ChunkCostsAreTheStageCostDividedByV) {
-  const auto r = simulate(make(ScheduleKind::interleaved, 1, 1, 4), CostModel::uniform(1, 8, 4, 4, 5));
+  const auto r =
+      simulate(make(ScheduleKind::interleaved, 1, 1, 4), CostModel::uniform(1, 8, 4, 4, 5));
   // One stage: no transfer costs (all hand-overs are local), 4 chunks of F/4 + (B+W)/4.
   EXPECT_DOUBLE_EQ(r.makespan, 16);
   EXPECT_DOUBLE_EQ(r.bubble_overall, 0);
@@ -59,7 +62,8 @@ TEST(Simulate, ChunkCostsAreTheStageCostDividedByV) {
 
 TEST(Simulate, TransfersDelayTheReceiverNotTheSender) {
   // Two stages, one micro-batch, F = 1, B = 2 (+ W = 1), C = 0.5.
-  const auto r = simulate(make(ScheduleKind::one_f_one_b, 2, 1), CostModel::uniform(2, 1, 2, 1, 0.5));
+  const auto r =
+      simulate(make(ScheduleKind::one_f_one_b, 2, 1), CostModel::uniform(2, 1, 2, 1, 0.5));
   const auto& s0 = r.timeline[0];
   const auto& s1 = r.timeline[1];
   // stage 0: 0L0 0F0 0SA0 0RG0 0B0 ...: the send takes no time on the sender.
@@ -103,12 +107,9 @@ TEST(Simulate, EventsFeedBubbleStats) {
 TEST(BubbleStats, MeasuredEventsWithAnOffsetOrigin) {
   // Two ranks measured in seconds since some epoch.
   const std::vector<TimedEvent> events = {
-      {0, Op::forward, 0, 0, 100.0, 101.0},
-      {0, Op::send_activation, 0, 0, 101.0, 101.0},
-      {1, Op::recv_activation, 0, 0, 100.0, 101.0},
-      {1, Op::forward, 0, 0, 101.0, 102.0},
-      {1, Op::backward, 0, 0, 102.0, 104.0},
-      {0, Op::backward, 0, 0, 104.0, 106.0},
+      {0, Op::forward, 0, 0, 100.0, 101.0},         {0, Op::send_activation, 0, 0, 101.0, 101.0},
+      {1, Op::recv_activation, 0, 0, 100.0, 101.0}, {1, Op::forward, 0, 0, 101.0, 102.0},
+      {1, Op::backward, 0, 0, 102.0, 104.0},        {0, Op::backward, 0, 0, 104.0, 106.0},
   };
   const BubbleStats stats = bubble_stats(events);
   EXPECT_DOUBLE_EQ(stats.makespan, 6);
@@ -123,7 +124,8 @@ TEST(Simulate, RejectsBadCostsNamingThem) {
     simulate(s, CostModel::uniform(2, -1, 1, 1, 0));
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("forward of stage 0 is -1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("forward of stage 0 is -1"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(simulate(s, CostModel::uniform(3, 1, 1, 1, 0)), ConfigError);
   EXPECT_THROW(simulate(s, CostModel::uniform(2, 1, std::numeric_limits<double>::infinity(), 1, 0)),

@@ -50,7 +50,8 @@ TEST(Validate, MissingRecvBeforeForward) {
 }
 
 TEST(Validate, DoubleForward) {
-  const Schedule s = hand(2, 1, {1, 1}, {"0L0#0 0F0#0 0F0#0 0SA0#0>1 0RG0#0<1 0B0#0 0T 0R 0O", kStage1});
+  const Schedule s =
+      hand(2, 1, {1, 1}, {"0L0#0 0F0#0 0F0#0 0SA0#0>1 0RG0#0<1 0B0#0 0T 0R 0O", kStage1});
   expect_problem(s, 0, 2, "second forward of micro-batch 0 (the first is at position 1)");
 }
 
@@ -60,10 +61,10 @@ TEST(Validate, BackwardBeforeForward) {
 }
 
 TEST(Validate, SlotOverwrittenWhileStillNeeded) {
-  const Schedule s = hand(
-      2, 2, {1, 1},
-      {"0L0#0 0F0#0 0SA0#0>1 0L1#0 0F1#0 0SA1#0>1 0RG0#0<1 0B0#0 0RG1#0<1 0B1#0 0T 0R 0O",
-       "1RA0#0<0 1L0#0 1F0#0 1B0#0 1SG0#0>0 1RA1#0<0 1L1#0 1F1#0 1B1#0 1SG1#0>0 1T 1R 1O"});
+  const Schedule s =
+      hand(2, 2, {1, 1},
+           {"0L0#0 0F0#0 0SA0#0>1 0L1#0 0F1#0 0SA1#0>1 0RG0#0<1 0B0#0 0RG1#0<1 0B1#0 0T 0R 0O",
+            "1RA0#0<0 1L0#0 1F0#0 1B0#0 1SG0#0>0 1RA1#0<0 1L1#0 1F1#0 1B1#0 1SG1#0>0 1T 1R 1O"});
   expect_problem(s, 0, 3,
                  "overwrites slot 0, which still holds micro-batch 0: its last use is position 7 "
                  "(0B0#0)");
@@ -72,8 +73,7 @@ TEST(Validate, SlotOverwrittenWhileStillNeeded) {
 
 TEST(Validate, DeadlockCycleBetweenTwoStages) {
   // Stage 0 waits for the gradient before sending the activation that produces it.
-  const Schedule s =
-      hand(2, 1, {1, 1}, {"0L0#0 0F0#0 0RG0#0<1 0SA0#0>1 0B0#0 0T 0R 0O", kStage1});
+  const Schedule s = hand(2, 1, {1, 1}, {"0L0#0 0F0#0 0RG0#0<1 0SA0#0>1 0B0#0 0T 0R 0O", kStage1});
   expect_problem(s, 0, 2, "deadlock, a cycle of 2 stage(s)");
   const auto problem = find_problem(s);
   EXPECT_NE(problem->reason.find("stage 0 is blocked at position 2 on 0RG0#0<1, which waits for "
@@ -86,28 +86,26 @@ TEST(Validate, DeadlockCycleBetweenTwoStages) {
 
 TEST(Validate, DeadlockOnALocalHandOver) {
   // One stage, two looped chunks: chunk 1 receives from chunk 0 before chunk 0 has sent.
-  const Schedule s = hand(
-      1, 1, {2},
-      {"0L0#0 0F0#0 0RA0c1#1<0 0SA0#0>0c1 0L0c1#1 0F0c1#1 0B0c1#1 0SG0c1#1>0 0RG0#0<0c1 0B0#0 "
-       "0T 0R 0O"},
-      true, 2);
+  const Schedule s =
+      hand(1, 1, {2},
+           {"0L0#0 0F0#0 0RA0c1#1<0 0SA0#0>0c1 0L0c1#1 0F0c1#1 0B0c1#1 0SG0c1#1>0 0RG0#0<0c1 0B0#0 "
+            "0T 0R 0O"},
+           true, 2);
   expect_problem(s, 0, 2, "deadlock, a cycle of 1 stage(s)");
   EXPECT_NE(find_problem(s)->reason.find("the send comes later on the blocked stage itself"),
             std::string::npos);
 }
 
 TEST(Validate, UnmatchedSend) {
-  const Schedule s = hand(2, 2, {1, 1},
-                          {"0L0#0 0F0#0 0SA0#0>1 0L1#0 0F1#0 0SA1#0>1", "1RA0#0<0 1L0#0 1F0#0"},
-                          false);
-  expect_problem(s, 0, 5,
-                 "unmatched send: stage 1 never runs the matching recv_activation of micro-batch 1");
+  const Schedule s = hand(
+      2, 2, {1, 1}, {"0L0#0 0F0#0 0SA0#0>1 0L1#0 0F1#0 0SA1#0>1", "1RA0#0<0 1L0#0 1F0#0"}, false);
+  expect_problem(
+      s, 0, 5, "unmatched send: stage 1 never runs the matching recv_activation of micro-batch 1");
 }
 
 TEST(Validate, ReceiveOfAMessageNeverSent) {
-  const Schedule s = hand(2, 2, {1, 1},
-                          {"0L0#0 0F0#0 0SA0#0>1", "1RA0#0<0 1L0#0 1F0#0 1RA1#0<0 1L1#0 1F1#0"},
-                          false);
+  const Schedule s = hand(
+      2, 2, {1, 1}, {"0L0#0 0F0#0 0SA0#0>1", "1RA0#0<0 1L0#0 1F0#0 1RA1#0<0 1L1#0 1F1#0"}, false);
   expect_problem(s, 1, 3, "waits for a message never sent: stage 0 has no send_activation");
 }
 
@@ -117,10 +115,9 @@ TEST(Validate, PeerMustBeTheLayoutsNeighbour) {
 }
 
 TEST(Validate, OnlyFirstAndLastVirtualStagesLoad) {
-  const Schedule s = hand(3, 1, {1, 1, 1},
-                          {"0L0#0 0F0#0 0SA0#0>1", "1RA0#0<0 1L0#0 1F0#0 1SA0#0>2",
-                           "2RA0#0<1 2L0#0 2F0#0"},
-                          false);
+  const Schedule s = hand(
+      3, 1, {1, 1, 1},
+      {"0L0#0 0F0#0 0SA0#0>1", "1RA0#0<0 1L0#0 1F0#0 1SA0#0>2", "2RA0#0<1 2L0#0 2F0#0"}, false);
   expect_problem(s, 1, 1, "only the first (inputs) and the last (labels) virtual stage load data");
 }
 
@@ -178,7 +175,8 @@ TEST(Validate, InferenceHasNoBackwardOrStep) {
 }
 
 TEST(Validate, EveryMicroBatchIsForwardedOnEveryStage) {
-  expect_problem(hand(1, 2, {1}, {"0L0#0 0F0#0"}, false), 0, -1, "micro-batch 1 is never forwarded");
+  expect_problem(hand(1, 2, {1}, {"0L0#0 0F0#0"}, false), 0, -1,
+                 "micro-batch 1 is never forwarded");
 }
 
 TEST(Validate, ReportMarksTheActionInTheGrid) {

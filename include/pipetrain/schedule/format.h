@@ -20,8 +20,8 @@ std::string format_text(const Schedule& schedule, int only_stage = -1);
 //    "slot": 0}, ...] per stage]}
 // "mb" and "slot" only where the op has them, "peer_stage"/"peer_chunk" on sends and
 // receives. only_stage >= 0 leaves every other stage's array empty (the index stays the stage).
-// indent < 0 gives one line.
-std::string to_json(const Schedule& schedule, int only_stage = -1, int indent = 2);
+// pretty: one key and one action per line; otherwise all on one line.
+std::string to_json(const Schedule& schedule, int only_stage = -1, bool pretty = true);
 
 // The compute steps alone, one row per stage, columns aligned (used by the golden tests):
 //   stage 0:  F0  F1  B0  F2  B1  B2
@@ -31,7 +31,6 @@ std::string format_compute_table(const Schedule& schedule);
 // bracketed and underlined. Shows the columns around the first mark (all when there is none,
 // up to `max_columns`).
 std::string format_grid(const Schedule& schedule,
-                        const std::vector<std::pair<int, int>>& marks = {},
-                        int max_columns = 17);
+                        const std::vector<std::pair<int, int>>& marks = {}, int max_columns = 17);
 
 }  // namespace pipetrain::schedule

@@ -33,11 +33,11 @@ struct TimedAction {
 
 struct SimulationResult {
   double makespan = 0;
-  std::vector<double> busy;             // per stage: compute time
-  std::vector<double> bubble;           // per stage: idle fraction of the makespan
-  double bubble_overall = 0;            // idle fraction over all stages
-  std::vector<int> peak_live_activations;      // per stage, counted per (chunk, micro-batch)
-  std::vector<double> peak_activation_memory;  // the same in whole-stage units (count / V)
+  std::vector<double> busy;                        // per stage: compute time
+  std::vector<double> bubble;                      // per stage: idle fraction of the makespan
+  double bubble_overall = 0;                       // idle fraction over all stages
+  std::vector<int> peak_live_activations;          // per stage, counted per (chunk, micro-batch)
+  std::vector<double> peak_activation_memory;      // the same in whole-stage units (count / V)
   std::vector<std::vector<TimedAction>> timeline;  // per stage, in list order
 
   // Every action as a TimedEvent (for the renderers and bubble_stats).

@@ -10,10 +10,10 @@
 namespace pipetrain::schedule {
 
 struct SvgOptions {
-  std::string title;              // e.g. timeline_title(); empty: no title line
-  int num_rows = 0;               // <= 0: the largest stage in the events + 1
+  std::string title;  // e.g. timeline_title(); empty: no title line
+  int num_rows = 0;   // <= 0: the largest stage in the events + 1
   std::string row_name = "stage";
-  int width = 1200;               // pixels
+  int width = 1200;  // pixels
   int row_height = 28;
 };
 

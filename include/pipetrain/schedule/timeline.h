@@ -12,19 +12,19 @@
 namespace pipetrain::schedule {
 
 struct TimedEvent {
-  int stage = 0;         // the row: a stage, or a rank for measured runs
+  int stage = 0;  // the row: a stage, or a rank for measured runs
   Op op = Op::forward;
   int micro_batch = -1;  // -1 where the op has none
   int chunk = 0;
-  double start = 0;      // any unit (simulated cost units, seconds); end >= start
+  double start = 0;  // any unit (simulated cost units, seconds); end >= start
   double end = 0;
 };
 
 struct BubbleStats {
-  double makespan = 0;          // last end - first start
-  std::vector<double> busy;     // per row: summed duration of compute events
-  std::vector<double> bubble;   // per row: 1 - busy / makespan
-  double overall = 0;           // 1 - sum(busy) / (rows * makespan)
+  double makespan = 0;         // last end - first start
+  std::vector<double> busy;    // per row: summed duration of compute events
+  std::vector<double> bubble;  // per row: 1 - busy / makespan
+  double overall = 0;          // 1 - sum(busy) / (rows * makespan)
 };
 
 // Compute events (forward and the backward kinds) count as busy; everything else, including

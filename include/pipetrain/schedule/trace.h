@@ -11,7 +11,7 @@ namespace pipetrain::schedule {
 struct TraceOptions {
   double microseconds_per_unit = 1000.0;  // simulated units show as ms; measured seconds: 1e6
   std::string process_name = "pipetrain";
-  std::string row_name = "stage";         // rows are named "<row_name> <stage>"
+  std::string row_name = "stage";  // rows are named "<row_name> <stage>"
 };
 
 // {"traceEvents": [...], "displayTimeUnit": "ms"}: one thread per row (sorted by row), a
