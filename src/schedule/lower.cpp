@@ -129,4 +129,19 @@ void assign_slots(Schedule& schedule) {
                                                  schedule.num_micro_batches);
 }
 
+std::vector<bool> slot_released_after(const Schedule& schedule, int stage) {
+  const auto& actions = schedule.stages.at(stage);
+  std::vector<bool> released(actions.size(), false);
+  std::vector<char> seen(static_cast<size_t>(schedule.num_chunks()) * schedule.num_micro_batches,
+                         0);
+  for (size_t k = actions.size(); k-- > 0;) {
+    const Action& a = actions[k];
+    if (!has_micro_batch(a.op)) continue;
+    char& key = seen[static_cast<size_t>(a.chunk) * schedule.num_micro_batches + a.micro_batch];
+    if (!key) released[k] = true;
+    key = 1;
+  }
+  return released;
+}
+
 }  // namespace pipetrain::schedule

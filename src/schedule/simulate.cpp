@@ -41,6 +41,37 @@ std::vector<TimedEvent> SimulationResult::events() const {
   return out;
 }
 
+CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, int num_chunks,
+                         double transfer) {
+  CostModel costs = CostModel::uniform(num_stages, 0, 0, 0, transfer);
+  std::vector<std::vector<double>> sum(kNumOps, std::vector<double>(num_stages, 0.0));
+  std::vector<std::vector<int>> count(kNumOps, std::vector<int>(num_stages, 0));
+  for (const TimedEvent& e : events) {
+    if (!is_compute(e.op) || e.stage < 0 || e.stage >= num_stages) continue;
+    sum[static_cast<int>(e.op)][e.stage] += e.end - e.start;
+    ++count[static_cast<int>(e.op)][e.stage];
+  }
+  auto mean = [&](Op op, int j) {
+    const int n = count[static_cast<int>(op)][j];
+    return n == 0 ? 0.0 : sum[static_cast<int>(op)][j] / n * num_chunks;
+  };
+  for (int j = 0; j < num_stages; ++j) {
+    if (count[static_cast<int>(Op::forward)][j] == 0)
+      throw ConfigError(
+          fmt::format("estimate_costs: stage {} has no forward events; record "
+                      "compute events on every stage of the run",
+                      j));
+    costs.forward[j] = mean(Op::forward, j);
+    if (count[static_cast<int>(Op::backward)][j] > 0) {
+      costs.backward_input[j] = mean(Op::backward, j);
+    } else {
+      costs.backward_input[j] = mean(Op::backward_input, j);
+      costs.backward_weight[j] = mean(Op::backward_weight, j);
+    }
+  }
+  return costs;
+}
+
 SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
   const int P = schedule.num_stages();
   check_costs("forward", costs.forward, P);

@@ -8,6 +8,7 @@
 
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/generate.h"
+#include "pipetrain/schedule/lower.h"
 
 namespace pipetrain::schedule {
 namespace {
@@ -116,6 +117,38 @@ TEST(BubbleStats, MeasuredEventsWithAnOffsetOrigin) {
   EXPECT_EQ(stats.busy, (std::vector<double>{3, 3}));
   EXPECT_DOUBLE_EQ(stats.overall, 0.5);
   EXPECT_DOUBLE_EQ(bubble_stats({}).overall, 0);
+}
+
+TEST(EstimateCosts, RecoversTheCostsOfASimulatedRun) {
+  CostModel truth = CostModel::uniform(3, 1.5, 1, 0.5, 0.25);
+  truth.forward[2] = 3;
+  truth.backward_weight[1] = 2;
+  for (ScheduleKind kind : {ScheduleKind::zb_h1, ScheduleKind::zb_v}) {
+    const auto measured = simulate(make(kind, 3, 6), truth).events();
+    const CostModel estimated =
+        estimate_costs(measured, 3, kind == ScheduleKind::zb_v ? 2 : 1, 0.25);
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_NEAR(estimated.forward[j], truth.forward[j], 1e-12);
+      EXPECT_NEAR(estimated.backward_input[j], truth.backward_input[j], 1e-12);
+      EXPECT_NEAR(estimated.backward_weight[j], truth.backward_weight[j], 1e-12);
+    }
+  }
+  // Full backwards are booked as input-gradient cost; re-simulating gives the same run.
+  const Schedule ones = make(ScheduleKind::one_f_one_b, 3, 6);
+  const CostModel full = estimate_costs(simulate(ones, truth).events(), 3, 1, 0.25);
+  EXPECT_NEAR(full.backward_input[1], 3.0, 1e-12);
+  EXPECT_EQ(full.backward_weight[1], 0.0);
+  EXPECT_NEAR(simulate(ones, full).makespan, simulate(ones, truth).makespan, 1e-9);
+  EXPECT_THROW(estimate_costs({}, 2, 1), ConfigError);
+}
+
+TEST(SlotRelease, MarksTheLastActionOfEachMicroBatch) {
+  const Schedule s = make(ScheduleKind::one_f_one_b, 2, 2);
+  // stage 1: 1RA0 1L0 1F0 1B0 1SG0 1RA1 1L1 1F1 1B1 1SG1 1T 1R 1O
+  const auto released = slot_released_after(s, 1);
+  const std::vector<bool> expected = {false, false, false, false, true,  false, false,
+                                      false, false, true,  false, false, false};
+  EXPECT_EQ(released, expected);
 }
 
 TEST(Simulate, RejectsBadCostsNamingThem) {

@@ -43,4 +43,9 @@ Schedule lower(ScheduleKind kind, bool training, int num_micro_batches, const La
 // Recomputes every stage's slots and `buffers` from the action order (as lower() does).
 void assign_slots(Schedule& schedule);
 
+// Per position of stages[stage]: true where the action is the last one touching its
+// (chunk, micro-batch), so an executor may drop that slot's tensors right after running it
+// instead of holding them until the slot is reused.
+std::vector<bool> slot_released_after(const Schedule& schedule, int stage);
+
 }  // namespace pipetrain::schedule

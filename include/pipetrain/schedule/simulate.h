@@ -44,6 +44,14 @@ struct SimulationResult {
   std::vector<TimedEvent> events() const;
 };
 
+// Per-stage costs measured from a run's compute events (e.g. one step of the engine), for
+// simulating the schedule it ran with the costs it really had: the mean duration of each
+// compute op per stage, times the chunk count (costs are per whole stage); a stage that ran full
+// backwards gets backward_input = their mean and backward_weight = 0. Transfers cannot be told
+// apart from waiting, so `transfer` is given. Throws ConfigError for a stage without forwards.
+CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, int num_chunks,
+                         double transfer = 0);
+
 // Throws ConfigError for cost vectors of the wrong length or with a negative or non-finite
 // entry, and ScheduleError (validate()'s message) for an invalid schedule.
 SimulationResult simulate(const Schedule& schedule, const CostModel& costs);
