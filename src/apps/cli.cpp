@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/schedule_commands.h"
 #include "pipetrain/error.h"
 #include "pipetrain/util/blas.h"
 #include "pipetrain/version.h"
@@ -9,8 +10,8 @@
 namespace pipetrain::apps {
 
 void add_all_commands(CLI::App& app, int& exit_code) {
-  (void)app;
-  (void)exit_code;
+  add_schedule_command(app, exit_code);
+  add_simulate_command(app, exit_code);
 }
 
 int run_cli(int argc, char** argv) {

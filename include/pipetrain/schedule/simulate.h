@@ -1,0 +1,59 @@
+// The simulator: a schedule plus per-stage costs in, timings, makespan and bubble out.
+//
+// Costs are per stage for one micro-batch through the stage's whole model part: with V chunks
+// per stage each chunk's forward costs forward[j] / V (and so on), so kinds with different
+// chunk counts compare on the same model. A full backward costs backward_input + backward_weight.
+// A transfer costs transfer[j] for a message sent by stage j (0 for a hand-over to the same
+// stage); loads and the step actions cost nothing. Timing follows action.h's semantics.
+#pragma once
+
+#include <vector>
+
+#include "pipetrain/schedule/schedule.h"
+#include "pipetrain/schedule/timeline.h"
+
+namespace pipetrain::schedule {
+
+struct CostModel {
+  std::vector<double> forward;          // F per stage
+  std::vector<double> backward_input;   // B per stage (input-gradient part)
+  std::vector<double> backward_weight;  // W per stage (weight-gradient part)
+  std::vector<double> transfer;         // C per sending stage
+
+  // The same costs on every stage.
+  static CostModel uniform(int num_stages, double forward, double backward_input,
+                           double backward_weight, double transfer);
+};
+
+struct TimedAction {
+  Action action;
+  double start = 0;
+  double end = 0;  // a receive ends when its message is there; a send ends when it starts
+};
+
+struct SimulationResult {
+  double makespan = 0;
+  std::vector<double> busy;                        // per stage: compute time
+  std::vector<double> bubble;                      // per stage: idle fraction of the makespan
+  double bubble_overall = 0;                       // idle fraction over all stages
+  std::vector<int> peak_live_activations;          // per stage, counted per (chunk, micro-batch)
+  std::vector<double> peak_activation_memory;      // the same in whole-stage units (count / V)
+  std::vector<std::vector<TimedAction>> timeline;  // per stage, in list order
+
+  // Every action as a TimedEvent (for the renderers and bubble_stats).
+  std::vector<TimedEvent> events() const;
+};
+
+// Per-stage costs measured from a run's compute events (e.g. one step of the engine), for
+// simulating the schedule it ran with the costs it really had: the mean duration of each
+// compute op per stage, times the chunk count (costs are per whole stage); a stage that ran full
+// backwards gets backward_input = their mean and backward_weight = 0. Transfers cannot be told
+// apart from waiting, so `transfer` is given. Throws ConfigError for a stage without forwards.
+CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, int num_chunks,
+                         double transfer = 0);
+
+// Throws ConfigError for cost vectors of the wrong length or with a negative or non-finite
+// entry, and ScheduleError (validate()'s message) for an invalid schedule.
+SimulationResult simulate(const Schedule& schedule, const CostModel& costs);
+
+}  // namespace pipetrain::schedule

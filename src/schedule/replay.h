@@ -1,0 +1,43 @@
+// Replaying a schedule under the execution semantics of action.h (internal to the layer).
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "pipetrain/schedule/schedule.h"
+
+namespace pipetrain::schedule::detail {
+
+struct ReplayCosts {
+  std::vector<std::array<double, kNumOps>> op;  // per stage, per op: duration
+  std::vector<double> transfer;                 // per stage: cost of a transfer it sends
+};
+
+struct ReplayResult {
+  std::vector<std::vector<double>> start, end;  // per stage, per position
+  std::vector<int> stopped_at;                  // per stage: first position not run
+  bool finished = true;                         // false: some stage is blocked forever
+};
+
+// Runs every stage as far as the semantics allow. Precondition: the structure checks passed
+// (indices in range, every receive matched by exactly one send). Without `record_times` only
+// `stopped_at` and `finished` are filled (the deadlock check needs no more).
+ReplayResult replay(const Schedule& schedule, const ReplayCosts& costs, bool record_times = true);
+
+// Index of the message a receive waits for: (kind, receiving stage, its chunk, micro-batch).
+inline size_t message_index(const Schedule& s, bool grad, int stage, int chunk, int micro_batch) {
+  return ((static_cast<size_t>(grad) * s.num_stages() + stage) * s.num_chunks() + chunk) *
+             s.num_micro_batches +
+         micro_batch;
+}
+inline size_t message_count(const Schedule& s) {
+  return 2 * static_cast<size_t>(s.num_stages()) * s.num_chunks() * s.num_micro_batches;
+}
+// The message a send or receive refers to.
+inline size_t message_of(const Schedule& s, const Action& a) {
+  const bool grad = a.op == Op::send_grad || a.op == Op::recv_grad;
+  return is_send(a.op) ? message_index(s, grad, a.peer_stage, a.peer_chunk, a.micro_batch)
+                       : message_index(s, grad, a.stage, a.chunk, a.micro_batch);
+}
+
+}  // namespace pipetrain::schedule::detail

@@ -1,0 +1,58 @@
+// Schedule kinds by name, and the Schedule's derived counts.
+#include "pipetrain/schedule/schedule.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "pipetrain/error.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+constexpr ScheduleKind kKinds[] = {ScheduleKind::fill_drain, ScheduleKind::one_f_one_b,
+                                   ScheduleKind::inference,  ScheduleKind::interleaved,
+                                   ScheduleKind::zb_h1,      ScheduleKind::zb_v,
+                                   ScheduleKind::custom};
+
+}  // namespace
+
+const char* kind_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::fill_drain:
+      return "fill-drain";
+    case ScheduleKind::one_f_one_b:
+      return "1f1b";
+    case ScheduleKind::inference:
+      return "inference";
+    case ScheduleKind::interleaved:
+      return "interleaved";
+    case ScheduleKind::zb_h1:
+      return "zb-h1";
+    case ScheduleKind::zb_v:
+      return "zb-v";
+    case ScheduleKind::custom:
+      return "custom";
+  }
+  return "unknown";
+}
+
+ScheduleKind parse_kind(std::string_view name) {
+  std::string known;
+  for (ScheduleKind kind : kKinds) {
+    if (kind == ScheduleKind::custom) continue;
+    if (name == kind_name(kind)) return kind;
+    known += (known.empty() ? "" : "|") + std::string(kind_name(kind));
+  }
+  throw ConfigError(fmt::format("unknown schedule kind '{}': expected one of {}", name, known));
+}
+
+bool is_training(ScheduleKind kind) { return kind != ScheduleKind::inference; }
+
+size_t Schedule::num_actions() const {
+  size_t total = 0;
+  for (const auto& actions : stages) total += actions.size();
+  return total;
+}
+
+}  // namespace pipetrain::schedule

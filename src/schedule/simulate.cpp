@@ -1,0 +1,126 @@
+// The simulator: replay with the cost model, then makespan, bubble and memory per stage.
+#include "pipetrain/schedule/simulate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "pipetrain/error.h"
+#include "pipetrain/schedule/validate.h"
+#include "replay.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+void check_costs(const char* name, const std::vector<double>& values, int num_stages) {
+  if (static_cast<int>(values.size()) != num_stages)
+    throw ConfigError(fmt::format("cost model: {} has {} entries, expected one per stage ({})",
+                                  name, values.size(), num_stages));
+  for (size_t j = 0; j < values.size(); ++j)
+    if (!std::isfinite(values[j]) || values[j] < 0)
+      throw ConfigError(fmt::format("cost model: {} of stage {} is {}; costs are finite and >= 0",
+                                    name, j, values[j]));
+}
+
+}  // namespace
+
+CostModel CostModel::uniform(int num_stages, double forward, double backward_input,
+                             double backward_weight, double transfer) {
+  const size_t n = static_cast<size_t>(std::max(num_stages, 0));
+  return {std::vector<double>(n, forward), std::vector<double>(n, backward_input),
+          std::vector<double>(n, backward_weight), std::vector<double>(n, transfer)};
+}
+
+std::vector<TimedEvent> SimulationResult::events() const {
+  std::vector<TimedEvent> out;
+  for (const auto& row : timeline)
+    for (const TimedAction& t : row)
+      out.push_back(
+          {t.action.stage, t.action.op, t.action.micro_batch, t.action.chunk, t.start, t.end});
+  return out;
+}
+
+CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, int num_chunks,
+                         double transfer) {
+  CostModel costs = CostModel::uniform(num_stages, 0, 0, 0, transfer);
+  std::vector<std::vector<double>> sum(kNumOps, std::vector<double>(num_stages, 0.0));
+  std::vector<std::vector<int>> count(kNumOps, std::vector<int>(num_stages, 0));
+  for (const TimedEvent& e : events) {
+    if (!is_compute(e.op) || e.stage < 0 || e.stage >= num_stages) continue;
+    sum[static_cast<int>(e.op)][e.stage] += e.end - e.start;
+    ++count[static_cast<int>(e.op)][e.stage];
+  }
+  auto mean = [&](Op op, int j) {
+    const int n = count[static_cast<int>(op)][j];
+    return n == 0 ? 0.0 : sum[static_cast<int>(op)][j] / n * num_chunks;
+  };
+  for (int j = 0; j < num_stages; ++j) {
+    if (count[static_cast<int>(Op::forward)][j] == 0)
+      throw ConfigError(
+          fmt::format("estimate_costs: stage {} has no forward events; record "
+                      "compute events on every stage of the run",
+                      j));
+    costs.forward[j] = mean(Op::forward, j);
+    if (count[static_cast<int>(Op::backward)][j] > 0) {
+      costs.backward_input[j] = mean(Op::backward, j);
+    } else {
+      costs.backward_input[j] = mean(Op::backward_input, j);
+      costs.backward_weight[j] = mean(Op::backward_weight, j);
+    }
+  }
+  return costs;
+}
+
+SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
+  const int P = schedule.num_stages();
+  check_costs("forward", costs.forward, P);
+  check_costs("backward_input", costs.backward_input, P);
+  check_costs("backward_weight", costs.backward_weight, P);
+  check_costs("transfer", costs.transfer, P);
+  validate(schedule);
+
+  const double V = schedule.num_chunks();
+  detail::ReplayCosts replay_costs;
+  replay_costs.transfer = costs.transfer;
+  replay_costs.op.resize(P);
+  for (int j = 0; j < P; ++j) {
+    auto& op = replay_costs.op[j];
+    op.fill(0.0);
+    op[static_cast<int>(Op::forward)] = costs.forward[j] / V;
+    op[static_cast<int>(Op::backward_input)] = costs.backward_input[j] / V;
+    op[static_cast<int>(Op::backward_weight)] = costs.backward_weight[j] / V;
+    op[static_cast<int>(Op::backward)] = (costs.backward_input[j] + costs.backward_weight[j]) / V;
+  }
+  const detail::ReplayResult replayed = detail::replay(schedule, replay_costs);
+
+  SimulationResult result;
+  result.timeline.resize(P);
+  for (int j = 0; j < P; ++j) {
+    const auto& actions = schedule.stages[j];
+    result.timeline[j].reserve(actions.size());
+    for (size_t k = 0; k < actions.size(); ++k)
+      result.timeline[j].push_back({actions[k], replayed.start[j][k], replayed.end[j][k]});
+  }
+  // Every stage starts at 0, so the makespan is the last end (bubble_stats() computes the same
+  // from events; this avoids copying a large timeline once more).
+  result.busy.assign(P, 0.0);
+  result.bubble.assign(P, 0.0);
+  double total = 0;
+  for (int j = 0; j < P; ++j) {
+    for (const TimedAction& t : result.timeline[j]) {
+      result.makespan = std::max(result.makespan, t.end);
+      if (is_compute(t.action.op)) result.busy[j] += t.end - t.start;
+    }
+    total += result.busy[j];
+  }
+  if (result.makespan > 0) {
+    for (int j = 0; j < P; ++j) result.bubble[j] = 1.0 - result.busy[j] / result.makespan;
+    result.bubble_overall = 1.0 - total / (P * result.makespan);
+  }
+  result.peak_live_activations = peak_live_activations(schedule);
+  for (int peak : result.peak_live_activations) result.peak_activation_memory.push_back(peak / V);
+  return result;
+}
+
+}  // namespace pipetrain::schedule

@@ -1,0 +1,179 @@
+// The simulator against closed forms, hand-computed timings and its input checks.
+#include "pipetrain/schedule/simulate.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "pipetrain/error.h"
+#include "pipetrain/schedule/generate.h"
+#include "pipetrain/schedule/lower.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+Schedule make(ScheduleKind kind, int P, int M, int V = 0) {
+  return generate(ScheduleOptions(kind, P, M).chunks(V));
+}
+
+double bubble(ScheduleKind kind, int P, int M, int V = 0, double F = 1, double B = 1, double W = 1,
+              double C = 0) {
+  return simulate(make(kind, P, M, V), CostModel::uniform(P, F, B, W, C)).bubble_overall;
+}
+
+TEST(Simulate, FillDrainAndOneFOneBMatchTheClosedForm) {
+  for (auto [P, M] : {std::pair{4, 8}, {2, 1}, {8, 3}, {5, 32}}) {
+    const double closed = (P - 1.0) / (M + P - 1.0);
+    EXPECT_NEAR(bubble(ScheduleKind::fill_drain, P, M), closed, 1e-12);
+    EXPECT_NEAR(bubble(ScheduleKind::one_f_one_b, P, M), closed, 1e-12);
+    // The bubble fraction does not depend on the cost scale or on the F : B ratio.
+    EXPECT_NEAR(bubble(ScheduleKind::one_f_one_b, P, M, 0, 3, 4, 2), closed, 1e-12);
+  }
+}
+
+TEST(Simulate, InterleavingDividesTheBubbleByAboutV) {
+  // (P - 1) / (V M + P - 1) when M is a multiple of P.
+  EXPECT_NEAR(bubble(ScheduleKind::interleaved, 4, 8, 2), 3.0 / 19.0, 1e-12);
+  EXPECT_NEAR(bubble(ScheduleKind::interleaved, 4, 16, 4), 3.0 / 67.0, 1e-12);
+  const double ratio =
+      bubble(ScheduleKind::one_f_one_b, 8, 64) / bubble(ScheduleKind::interleaved, 8, 64, 4);
+  EXPECT_GT(ratio, 3.5);
+  EXPECT_LT(ratio, 4.0);
+}
+
+TEST(Simulate, ZbH1IsAboutAThirdOfOneFOneBAtEqualCosts) {
+  // (P - 1) / (3 M + P - 1) for M >= P.
+  EXPECT_NEAR(bubble(ScheduleKind::zb_h1, 4, 8), 3.0 / 27.0, 1e-12);
+  const double ratio =
+      bubble(ScheduleKind::zb_h1, 8, 64) / bubble(ScheduleKind::one_f_one_b, 8, 64);
+  EXPECT_GT(ratio, 1.0 / 3.0);
+  EXPECT_LT(ratio, 0.36);
+}
+
+TEST(Simulate, ChunkCostsAreTheStageCostDividedByV) {
+  const auto r =
+      simulate(make(ScheduleKind::interleaved, 1, 1, 4), CostModel::uniform(1, 8, 4, 4, 5));
+  // One stage: no transfer costs (all hand-overs are local), 4 chunks of F/4 + (B+W)/4.
+  EXPECT_DOUBLE_EQ(r.makespan, 16);
+  EXPECT_DOUBLE_EQ(r.bubble_overall, 0);
+  EXPECT_EQ(r.peak_live_activations, (std::vector<int>{4}));
+  EXPECT_EQ(r.peak_activation_memory, (std::vector<double>{1.0}));
+}
+
+TEST(Simulate, TransfersDelayTheReceiverNotTheSender) {
+  // Two stages, one micro-batch, F = 1, B = 2 (+ W = 1), C = 0.5.
+  const auto r =
+      simulate(make(ScheduleKind::one_f_one_b, 2, 1), CostModel::uniform(2, 1, 2, 1, 0.5));
+  const auto& s0 = r.timeline[0];
+  const auto& s1 = r.timeline[1];
+  // stage 0: 0L0 0F0 0SA0 0RG0 0B0 ...: the send takes no time on the sender.
+  EXPECT_EQ(s0[2].action.op, Op::send_activation);
+  EXPECT_DOUBLE_EQ(s0[2].start, 1);
+  EXPECT_DOUBLE_EQ(s0[2].end, 1);
+  // stage 1: the receive ends when the activation is there, 1 + 0.5.
+  EXPECT_EQ(s1[0].action.op, Op::recv_activation);
+  EXPECT_DOUBLE_EQ(s1[0].start, 0);
+  EXPECT_DOUBLE_EQ(s1[0].end, 1.5);
+  EXPECT_DOUBLE_EQ(s1[2].start, 1.5);  // forward
+  EXPECT_DOUBLE_EQ(s1[3].end, 5.5);    // backward: 3 units
+  // stage 0's backward starts when the gradient is there: 5.5 + 0.5.
+  EXPECT_EQ(s0[4].action.op, Op::backward);
+  EXPECT_DOUBLE_EQ(s0[4].start, 6);
+  EXPECT_DOUBLE_EQ(r.makespan, 9);
+  EXPECT_DOUBLE_EQ(r.busy[0], 4);
+  EXPECT_NEAR(r.bubble[0], 5.0 / 9.0, 1e-12);
+}
+
+TEST(Simulate, PerStageCostsMakeTheSlowestStageTheBottleneck) {
+  CostModel costs = CostModel::uniform(3, 1, 1, 0, 0);
+  costs.forward[1] = 3;
+  costs.backward_input[1] = 3;
+  const auto r = simulate(make(ScheduleKind::one_f_one_b, 3, 16), costs);
+  // The slow stage idles only while the pipeline fills and drains.
+  EXPECT_LT(r.bubble[1], r.bubble[0]);
+  EXPECT_LT(r.bubble[1], r.bubble[2]);
+  EXPECT_GE(r.makespan, 16 * 6.0);
+  EXPECT_LT(r.makespan, 16 * 6.0 + 2 * 2 + 2 * 2 + 1e-9);
+}
+
+TEST(Simulate, EventsFeedBubbleStats) {
+  const auto r = simulate(make(ScheduleKind::zb_h1, 3, 5), CostModel::uniform(3, 1, 1, 1, 0.25));
+  const BubbleStats stats = bubble_stats(r.events(), 3);
+  EXPECT_DOUBLE_EQ(stats.makespan, r.makespan);
+  EXPECT_DOUBLE_EQ(stats.overall, r.bubble_overall);
+  EXPECT_EQ(stats.busy, r.busy);
+}
+
+TEST(BubbleStats, MeasuredEventsWithAnOffsetOrigin) {
+  // Two ranks measured in seconds since some epoch.
+  const std::vector<TimedEvent> events = {
+      {0, Op::forward, 0, 0, 100.0, 101.0},         {0, Op::send_activation, 0, 0, 101.0, 101.0},
+      {1, Op::recv_activation, 0, 0, 100.0, 101.0}, {1, Op::forward, 0, 0, 101.0, 102.0},
+      {1, Op::backward, 0, 0, 102.0, 104.0},        {0, Op::backward, 0, 0, 104.0, 106.0},
+  };
+  const BubbleStats stats = bubble_stats(events);
+  EXPECT_DOUBLE_EQ(stats.makespan, 6);
+  EXPECT_EQ(stats.busy, (std::vector<double>{3, 3}));
+  EXPECT_DOUBLE_EQ(stats.overall, 0.5);
+  EXPECT_DOUBLE_EQ(bubble_stats({}).overall, 0);
+}
+
+TEST(EstimateCosts, RecoversTheCostsOfASimulatedRun) {
+  CostModel truth = CostModel::uniform(3, 1.5, 1, 0.5, 0.25);
+  truth.forward[2] = 3;
+  truth.backward_weight[1] = 2;
+  for (ScheduleKind kind : {ScheduleKind::zb_h1, ScheduleKind::zb_v}) {
+    const auto measured = simulate(make(kind, 3, 6), truth).events();
+    const CostModel estimated =
+        estimate_costs(measured, 3, kind == ScheduleKind::zb_v ? 2 : 1, 0.25);
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_NEAR(estimated.forward[j], truth.forward[j], 1e-12);
+      EXPECT_NEAR(estimated.backward_input[j], truth.backward_input[j], 1e-12);
+      EXPECT_NEAR(estimated.backward_weight[j], truth.backward_weight[j], 1e-12);
+    }
+  }
+  // Full backwards are booked as input-gradient cost; re-simulating gives the same run.
+  const Schedule ones = make(ScheduleKind::one_f_one_b, 3, 6);
+  const CostModel full = estimate_costs(simulate(ones, truth).events(), 3, 1, 0.25);
+  EXPECT_NEAR(full.backward_input[1], 3.0, 1e-12);
+  EXPECT_EQ(full.backward_weight[1], 0.0);
+  EXPECT_NEAR(simulate(ones, full).makespan, simulate(ones, truth).makespan, 1e-9);
+  EXPECT_THROW(estimate_costs({}, 2, 1), ConfigError);
+}
+
+TEST(SlotRelease, MarksTheLastActionOfEachMicroBatch) {
+  const Schedule s = make(ScheduleKind::one_f_one_b, 2, 2);
+  // stage 1: 1RA0 1L0 1F0 1B0 1SG0 1RA1 1L1 1F1 1B1 1SG1 1T 1R 1O
+  const auto released = slot_released_after(s, 1);
+  const std::vector<bool> expected = {false, false, false, false, true,  false, false,
+                                      false, false, true,  false, false, false};
+  EXPECT_EQ(released, expected);
+}
+
+TEST(Simulate, RejectsBadCostsNamingThem) {
+  const Schedule s = make(ScheduleKind::one_f_one_b, 2, 2);
+  try {
+    simulate(s, CostModel::uniform(2, -1, 1, 1, 0));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("forward of stage 0 is -1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(simulate(s, CostModel::uniform(3, 1, 1, 1, 0)), ConfigError);
+  EXPECT_THROW(simulate(s, CostModel::uniform(2, 1, std::numeric_limits<double>::infinity(), 1, 0)),
+               ConfigError);
+  Schedule broken = s;
+  std::swap(broken.stages[1][0], broken.stages[1][2]);
+  EXPECT_THROW(simulate(broken, CostModel::uniform(2, 1, 1, 1, 0)), ScheduleError);
+}
+
+TEST(Simulate, ZeroCostsGiveZeroMakespanWithoutDividingByZero) {
+  const auto r = simulate(make(ScheduleKind::one_f_one_b, 2, 2), CostModel::uniform(2, 0, 0, 0, 0));
+  EXPECT_DOUBLE_EQ(r.makespan, 0);
+  EXPECT_DOUBLE_EQ(r.bubble_overall, 0);
+  EXPECT_FALSE(std::isnan(r.bubble[0]));
+}
+
+}  // namespace
+}  // namespace pipetrain::schedule
