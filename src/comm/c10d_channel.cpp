@@ -1,0 +1,432 @@
+// The point-to-point channel over c10d/Gloo (protocol drawn in c10d_channel.h).
+#include "c10d_channel.h"
+
+#include <cstring>
+
+#include "pipetrain/error.h"
+
+namespace pipetrain::comm::detail {
+
+struct C10dChannel::PendingRecv {
+  uint64_t seq = 0;
+  int src = -1;
+  std::pair<int, uint32_t> key;
+  std::string what;
+  torch::Tensor control;
+  c10::intrusive_ptr<c10d::Work> control_work;
+  bool decoded = false;
+  bool data_posted = false;
+  MessageLayout layout;
+  std::vector<torch::Tensor> data;
+  std::vector<c10::intrusive_ptr<c10d::Work>> data_works;
+  std::vector<torch::Tensor> retired;  // speculative buffers completed by placeholders
+  std::vector<c10::intrusive_ptr<c10d::Work>> retired_works;
+  std::optional<Batch> result;
+  std::exception_ptr error;
+};
+
+struct C10dChannel::RecvStream {
+  uint64_t next_request = 0;
+  uint64_t decoded = 0;  // messages whose control was read, in order
+  std::optional<MessageLayout> last_layout;
+  std::map<uint64_t, std::shared_ptr<PendingRecv>> pending;
+};
+
+struct C10dChannel::SendStream {
+  uint64_t next_seq = 0;
+  std::optional<MessageLayout> prev;
+};
+
+struct C10dChannel::PendingSend final : SendState {
+  OpDesc op;
+  std::vector<torch::Tensor> keep;  // alive until Gloo has sent them
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  Clock::time_point deadline;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+      error = e;
+      keep.clear();
+      works.clear();
+    }
+    cv.notify_all();
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, timeout, [&] { return finished; })) {
+      throw TimeoutError((*op.namer)(op.self) + ": " + op.action + " did not complete within " +
+                         format_duration(timeout) + " (the receiver has not posted its receive)");
+    }
+    if (error) std::rethrow_exception(error);
+  }
+  bool done() const override {
+    std::lock_guard<std::mutex> lock(mu);
+    return finished;
+  }
+};
+
+// Waits on the sends to one destination in the order they were posted, so that tensors are
+// released as soon as Gloo is done with them, whether or not anyone holds the handle.
+class C10dChannel::Completer {
+ public:
+  Completer(std::shared_ptr<FaultState> faults, std::function<void(std::exception_ptr)> on_error)
+      : faults_(std::move(faults)), on_error_(std::move(on_error)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Completer() { stop(true); }
+
+  void push(std::shared_ptr<PendingSend> p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(p));
+    }
+    cv_.notify_one();
+  }
+  // Abandon: abort the current wait and fail what is queued. Otherwise drain the queue.
+  void stop(bool abandon) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ && !thread_.joinable()) return;
+      stopping_ = true;
+      abandon_ = abandon_ || abandon;
+      if (abandon_ && current_) {
+        try {
+          current_->abort();
+        } catch (...) {
+        }
+      }
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::shared_ptr<PendingSend> p;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+        if (queue_.empty()) return;
+        p = queue_.front();
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        for (auto& work : p->works) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (abandon_) throw CommError((*p->op.namer)(p->op.self) + ": " + p->op.action +
+                                          " abandoned: the channel was closed");
+            current_ = work;
+          }
+          wait_p2p(work, p->deadline, *faults_, p->op);
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        current_.reset();
+      }
+      if (error) on_error_(error);
+      p->finish(error);
+    }
+  }
+
+  std::shared_ptr<FaultState> faults_;
+  std::function<void(std::exception_ptr)> on_error_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<PendingSend>> queue_;
+  c10::intrusive_ptr<c10d::Work> current_;
+  bool stopping_ = false;
+  bool abandon_ = false;
+  std::thread thread_;
+};
+
+namespace {
+
+class RecvStateImpl final : public RecvState {
+ public:
+  RecvStateImpl(std::shared_ptr<C10dChannel> channel, std::shared_ptr<C10dChannel::PendingRecv> p)
+      : channel_(std::move(channel)), p_(std::move(p)) {}
+  Batch wait(std::chrono::milliseconds timeout) override { return channel_->wait_recv(p_, timeout); }
+
+ private:
+  std::shared_ptr<C10dChannel> channel_;
+  std::shared_ptr<C10dChannel::PendingRecv> p_;
+};
+
+std::string what_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+}  // namespace
+
+C10dChannel::C10dChannel(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int world_size,
+                         CommOptions options, std::shared_ptr<FaultState> faults)
+    : pg_(std::move(pg)),
+      rank_(rank),
+      world_size_(world_size),
+      options_(std::move(options)),
+      faults_(std::move(faults)),
+      placeholder_(torch::empty({0}, torch::kUInt8)) {}
+
+C10dChannel::~C10dChannel() { close(); }
+
+void C10dChannel::close() {
+  if (closed_) return;
+  closed_ = true;
+  bool failed = faults_->fault().has_value();
+  {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    failed = failed || broken_ != nullptr;
+  }
+  for (auto& [dst, c] : completers_) c->stop(/*abandon=*/failed);
+  completers_.clear();
+  // Gloo may still write into posted receive buffers, or a lost peer may keep a worker
+  // blocked: after a failure the process group is abandoned rather than torn down.
+  if (failed) (void)pg_.release();
+}
+
+int C10dChannel::tag(uint32_t code, int src, int dst, size_t slot) const {
+  const int direction = src < dst ? 0 : 1;
+  return static_cast<int>((code * 2 + static_cast<uint32_t>(direction)) * (kMaxMessageTensors + 1) + slot);
+}
+
+OpDesc C10dChannel::describe(const std::string& verb, const std::string& what, int peer,
+                             std::chrono::milliseconds timeout) const {
+  OpDesc op;
+  op.namer = &options_.rank_namer();
+  op.self = rank_;
+  op.action = verb + " " + what + (verb == "send" ? " to " : " from ") + options_.rank_namer()(peer);
+  op.peer = peer;
+  op.timeout = timeout;
+  return op;
+}
+
+void C10dChannel::check_peer(int peer, const char* role) const {
+  if (peer < 0 || peer >= world_size_ || peer == rank_) {
+    throw ConfigError(std::string(role) + " rank " + std::to_string(peer) + " is not another rank of " +
+                      std::to_string(world_size_) + " (this is rank " + std::to_string(rank_) + ")");
+  }
+}
+
+void C10dChannel::mark_broken(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  if (!broken_) broken_ = error;
+}
+
+void C10dChannel::check_usable(const OpDesc& op) {
+  if (closed_) throw UsageError((*op.namer)(op.self) + ": " + op.action + ": the channel is closed");
+  check_no_fault(*faults_, op);
+  std::exception_ptr broken;
+  {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    broken = broken_;
+  }
+  if (!broken) return;
+  try {
+    std::rethrow_exception(broken);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError((*op.namer)(op.self) + ": " + op.action + " cannot start: an earlier operation failed: " + e.what());
+  } catch (const std::exception& e) {
+    throw PeerError((*op.namer)(op.self) + ": " + op.action + " cannot start: an earlier operation failed: " + e.what());
+  }
+}
+
+C10dChannel::Completer& C10dChannel::completer(int dst) {
+  auto& c = completers_[dst];
+  if (!c) c = std::make_unique<Completer>(faults_, [this](std::exception_ptr e) { mark_broken(e); });
+  return *c;
+}
+
+SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const std::string& what) {
+  check_peer(dst, "destination");
+  const uint32_t code = stream.code();
+  auto p = std::make_shared<PendingSend>();
+  p->op = describe("send", what, dst, options_.timeout());
+  check_usable(p->op);
+  const MessageLayout layout = MessageLayout::of(batch);
+  std::vector<torch::Tensor> tensors;
+  tensors.reserve(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].device().is_cpu()) {
+      throw BatchError((*p->op.namer)(rank_) + ": " + p->op.action + ": tensor " + std::to_string(i) +
+                       " is on " + batch[i].device().str() +
+                       "; the Gloo channel sends CPU tensors (move it to the CPU first)");
+    }
+    torch::Tensor t = batch[i].detach();
+    tensors.push_back(t.is_contiguous() ? t : t.contiguous());
+  }
+  SendStream& ss = send_streams_[{dst, code}];
+  const bool changed = !ss.prev || *ss.prev != layout;
+  ControlMessage control{ss.next_seq, code, changed ? std::optional<MessageLayout>(layout) : std::nullopt};
+  const std::vector<uint8_t> bytes = encode_control(control);
+  torch::Tensor control_tensor = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(control_tensor.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+
+  auto post = [&](const torch::Tensor& t, size_t slot) {
+    std::vector<at::Tensor> one{t};
+    p->works.push_back(pg_->send(one, dst, tag(code, rank_, dst, slot)));
+    p->keep.push_back(t);
+  };
+  try {
+    if (changed && ss.prev) {
+      for (size_t i = 0; i < ss.prev->tensors.size(); ++i) post(placeholder_, i + 1);
+    }
+    post(control_tensor, 0);
+    for (size_t i = 0; i < tensors.size(); ++i) post(tensors[i], i + 1);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    try {
+      throw_failure(*faults_, p->op, what_of(e));
+    } catch (...) {
+      mark_broken(std::current_exception());
+      throw;
+    }
+  }
+  ss.next_seq++;
+  ss.prev = layout;
+  p->deadline = Clock::now() + options_.timeout();
+  in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
+                                  [](const auto& s) { return s->done(); }),
+                   in_flight_.end());
+  in_flight_.push_back(p);
+  completer(dst).push(p);
+  return SendHandle(p, options_.timeout());
+}
+
+void C10dChannel::post_data(PendingRecv& p, const MessageLayout& layout, bool speculative) {
+  (void)speculative;
+  p.data.clear();
+  p.data_works.clear();
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    const TensorLayout& t = layout.tensors[i];
+    torch::Tensor buffer = torch::empty(t.sizes, torch::TensorOptions().dtype(t.dtype));
+    std::vector<at::Tensor> one{buffer};
+    p.data_works.push_back(pg_->recv(one, p.src, tag(p.key.second, p.src, rank_, i + 1)));
+    p.data.push_back(buffer);
+  }
+  p.data_posted = true;
+}
+
+RecvHandle C10dChannel::irecv(int src, Stream stream, const std::string& what) {
+  check_peer(src, "source");
+  const uint32_t code = stream.code();
+  const OpDesc op = describe("recv", what, src, options_.timeout());
+  check_usable(op);
+  auto& slot = recv_streams_[{src, code}];
+  if (!slot) slot = std::make_unique<RecvStream>();
+  RecvStream& rs = *slot;
+  auto p = std::make_shared<PendingRecv>();
+  p->seq = rs.next_request;
+  p->src = src;
+  p->key = {src, code};
+  p->what = what;
+  p->control = torch::empty({static_cast<int64_t>(kMaxControlBytes)}, torch::kUInt8);
+  try {
+    std::vector<at::Tensor> one{p->control};
+    p->control_work = pg_->recv(one, src, tag(code, src, rank_, 0));
+    if (p->seq > 0 && rs.decoded == p->seq) post_data(*p, *rs.last_layout, /*speculative=*/true);
+  } catch (const std::exception& e) {
+    try {
+      throw_failure(*faults_, op, what_of(e));
+    } catch (...) {
+      mark_broken(std::current_exception());
+      throw;
+    }
+  }
+  rs.next_request++;
+  rs.pending[p->seq] = p;
+  return RecvHandle(std::make_shared<RecvStateImpl>(shared_from_this(), p), options_.timeout());
+}
+
+void C10dChannel::decode_next(RecvStream& rs, Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  const uint64_t m = rs.decoded;
+  auto it = rs.pending.find(m);
+  if (it == rs.pending.end()) {
+    throw UsageError("message " + std::to_string(m) + " of a stream was never received; wait on "
+                     "receives of one stream in order or keep their handles");
+  }
+  PendingRecv& p = *it->second;
+  const OpDesc op = describe("recv", p.what, p.src, timeout);
+  wait_p2p(p.control_work, deadline, *faults_, op);
+  ControlMessage control;
+  try {
+    control = decode_control(p.control.data_ptr<uint8_t>(), static_cast<size_t>(p.control.numel()));
+  } catch (const CommError& e) {
+    throw CommError((*op.namer)(rank_) + ": " + op.action + ": " + e.what());
+  }
+  if (control.seq != m || control.stream_code != p.key.second) {
+    throw CommError((*op.namer)(rank_) + ": " + op.action + ": expected message " + std::to_string(m) +
+                    " of stream " + std::to_string(p.key.second) + ", got message " +
+                    std::to_string(control.seq) + " of stream " + std::to_string(control.stream_code) +
+                    "; the ranks run different schedules or pipetrain versions");
+  }
+  if (!control.layout && !rs.last_layout) {
+    throw CommError((*op.namer)(rank_) + ": " + op.action +
+                    ": malformed message header: the first message of a stream carries no layout");
+  }
+  const MessageLayout layout = control.layout ? *control.layout : *rs.last_layout;
+  if (p.data_posted && control.layout) {
+    // The sender completed our speculative receives with placeholders; post the real ones.
+    for (auto& t : p.data) p.retired.push_back(t);
+    for (auto& w : p.data_works) p.retired_works.push_back(w);
+    p.data_posted = false;
+  }
+  if (!p.data_posted) post_data(p, layout, /*speculative=*/false);
+  p.layout = layout;
+  p.decoded = true;
+  rs.last_layout = layout;
+  rs.decoded++;
+  auto next = rs.pending.find(m + 1);
+  if (next != rs.pending.end() && !next->second->data_posted) post_data(*next->second, layout, true);
+}
+
+Batch C10dChannel::wait_recv(const std::shared_ptr<PendingRecv>& p, std::chrono::milliseconds timeout) {
+  if (p->result) return *p->result;
+  if (p->error) std::rethrow_exception(p->error);
+  const OpDesc op = describe("recv", p->what, p->src, timeout);
+  const auto deadline = Clock::now() + timeout;
+  try {
+    if (closed_) throw UsageError((*op.namer)(rank_) + ": " + op.action + ": the channel is closed");
+    RecvStream& rs = *recv_streams_.at(p->key);
+    while (!p->decoded) decode_next(rs, deadline, timeout);
+    for (auto& w : p->data_works) wait_p2p(w, deadline, *faults_, op);
+    for (auto& w : p->retired_works) wait_p2p(w, deadline, *faults_, op);
+    p->retired.clear();
+    p->retired_works.clear();
+    p->data_works.clear();
+    p->control_work.reset();
+    std::vector<torch::Tensor> values = std::move(p->data);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (p->layout.tensors[i].requires_grad && values[i].is_floating_point()) values[i].requires_grad_(true);
+    }
+    p->result = p->layout.atomic ? Batch(values.front()) : Batch::tuple(std::move(values));
+    rs.pending.erase(p->seq);
+    return *p->result;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error&) {
+    p->error = std::current_exception();
+    mark_broken(p->error);
+    throw;
+  }
+}
+
+void C10dChannel::wait_sends() {
+  for (auto& p : in_flight_) p->wait(options_.timeout() + std::chrono::seconds(1));
+  in_flight_.clear();
+}
+
+}  // namespace pipetrain::comm::detail
