@@ -259,12 +259,8 @@ SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const 
   std::vector<torch::Tensor> tensors;
   tensors.reserve(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].device().is_cpu()) {
-      throw BatchError((*p->op.namer)(rank_) + ": " + p->op.action + ": tensor " + std::to_string(i) +
-                       " is on " + batch[i].device().str() +
-                       "; the Gloo channel sends CPU tensors (move it to the CPU first)");
-    }
     torch::Tensor t = batch[i].detach();
+    if (!t.device().is_cpu()) t = t.to(torch::kCPU);  // Gloo moves host memory
     tensors.push_back(t.is_contiguous() ? t : t.contiguous());
   }
   SendStream& ss = send_streams_[{dst, code}];
@@ -410,6 +406,7 @@ Batch C10dChannel::wait_recv(const std::shared_ptr<PendingRecv>& p, std::chrono:
     p->control_work.reset();
     std::vector<torch::Tensor> values = std::move(p->data);
     for (size_t i = 0; i < values.size(); ++i) {
+      if (!options_.device().is_cpu()) values[i] = values[i].to(options_.device());
       if (p->layout.tensors[i].requires_grad && values[i].is_floating_point()) values[i].requires_grad_(true);
     }
     p->result = p->layout.atomic ? Batch(values.front()) : Batch::tuple(std::move(values));

@@ -5,6 +5,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "c10d_channel.h"
 #include "c10d_group.h"
@@ -139,7 +142,17 @@ class C10dCommunicator final : public Communicator {
     if (spec.ranks.size() == 1) return std::make_shared<SoloGroup>(spec, options_.bucket_bytes());
     const int index = static_cast<int>(std::lower_bound(spec.ranks.begin(), spec.ranks.end(), info_.rank) -
                                        spec.ranks.begin());
-    auto pg = make_pg("group/" + spec.name, spec.ranks, index, collective_device_);
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+#ifdef USE_C10D_NCCL
+    if (options_.backend() == Backend::Nccl) {
+      auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+      nccl_opts->timeout = options_.timeout();
+      pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("group/" + spec.name + "/", store_), index,
+          static_cast<int>(spec.ranks.size()), nccl_opts);
+    }
+#endif
+    if (!pg) pg = make_pg("group/" + spec.name, spec.ranks, index, collective_device_);
     return std::make_shared<C10dGroup>(pg, spec, info_.rank, options_, faults_);
   }
 

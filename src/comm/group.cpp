@@ -65,10 +65,6 @@ void Group::for_each_bucket(std::vector<torch::Tensor>& tensors, bool write_back
       throw BatchError("tensor " + std::to_string(i) + " passed to a collective over " +
                        describe_group(*this) + " is undefined");
     }
-    if (!tensors[i].device().is_cpu()) {
-      throw BatchError("tensor " + std::to_string(i) + " passed to a collective is on " +
-                       tensors[i].device().str() + "; the Gloo backend reduces CPU tensors");
-    }
   }
   torch::NoGradGuard no_grad;  // parameters (leaves requiring grad) are written in place
   for (const Bucket& bucket : plan_buckets(tensors, bucket_bytes())) {

@@ -14,7 +14,7 @@ HubState::HubState(int world, CommOptions opts, bool copy_tensors)
       options(std::move(opts)),
       copy(copy_tensors),
       taken(static_cast<size_t>(world), false),
-      devices(static_cast<size_t>(world), torch::Device(torch::kCPU)) {}
+      devices(static_cast<size_t>(world), options.device()) {}
 
 namespace {
 

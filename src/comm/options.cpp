@@ -34,6 +34,12 @@ void CommOptions::validate() const {
                       " must be positive (default 25 MiB)");
   }
   if (!rank_namer_) throw ConfigError("communication option rank_namer is empty");
+#ifndef USE_C10D_NCCL
+  if (backend_ == Backend::Nccl) {
+    throw ConfigError("the NCCL backend was requested but this LibTorch was built without CUDA/NCCL "
+                      "(USE_C10D_NCCL); use Backend::Gloo");
+  }
+#endif
 }
 
 std::string format_duration(std::chrono::milliseconds d) {

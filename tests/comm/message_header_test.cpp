@@ -18,52 +18,53 @@ MessageLayout tuple_layout() {
 }
 
 TEST(MessageHeader, LayoutOfBatch) {
-  const MessageLayout layout = tuple_layout();
-  EXPECT_FALSE(layout.atomic);
-  ASSERT_EQ(layout.tensors.size(), 3u);
-  EXPECT_EQ(layout.tensors[0].sizes, (std::vector<int64_t>{4, 7, 16}));
-  EXPECT_TRUE(layout.tensors[0].requires_grad);
-  EXPECT_EQ(layout.tensors[1].dtype, c10::ScalarType::Bool);
-  EXPECT_EQ(layout.tensors[2].nbytes(), 4 * 7 * 8);
-  EXPECT_EQ(layout.describe(), "(Tensor[4, 7, 16] Float, Tensor[4, 7] Bool, Tensor[4, 7] Long)");
-  EXPECT_TRUE(MessageLayout::of(Batch(torch::zeros({2}))).atomic);
-}
-
-TEST(MessageHeader, RejectsWhatCannotTravel) {
-  EXPECT_THROW(MessageLayout::of(Batch()), BatchError);
-  EXPECT_THROW(MessageLayout::of(Batch(torch::zeros({2}, torch::kComplexFloat))), BatchError);
-  std::vector<int64_t> many_dims(17, 1);
-  EXPECT_THROW(MessageLayout::of(Batch(torch::zeros(many_dims))), BatchError);
-  std::vector<torch::Tensor> many(65, torch::zeros({1}));
-  EXPECT_THROW(MessageLayout::of(Batch(many)), BatchError);
+  {  // LayoutOfBatch
+    const MessageLayout layout = tuple_layout();
+    EXPECT_FALSE(layout.atomic);
+    ASSERT_EQ(layout.tensors.size(), 3u);
+    EXPECT_EQ(layout.tensors[0].sizes, (std::vector<int64_t>{4, 7, 16}));
+    EXPECT_TRUE(layout.tensors[0].requires_grad);
+    EXPECT_EQ(layout.tensors[1].dtype, c10::ScalarType::Bool);
+    EXPECT_EQ(layout.tensors[2].nbytes(), 4 * 7 * 8);
+    EXPECT_EQ(layout.describe(), "(Tensor[4, 7, 16] Float, Tensor[4, 7] Bool, Tensor[4, 7] Long)");
+    EXPECT_TRUE(MessageLayout::of(Batch(torch::zeros({2}))).atomic);
+  }
+  {  // RejectsWhatCannotTravel
+    EXPECT_THROW(MessageLayout::of(Batch()), BatchError);
+    EXPECT_THROW(MessageLayout::of(Batch(torch::zeros({2}, torch::kComplexFloat))), BatchError);
+    std::vector<int64_t> many_dims(17, 1);
+    EXPECT_THROW(MessageLayout::of(Batch(torch::zeros(many_dims))), BatchError);
+    std::vector<torch::Tensor> many(65, torch::zeros({1}));
+    EXPECT_THROW(MessageLayout::of(Batch(many)), BatchError);
+  }
 }
 
 TEST(MessageHeader, RoundTrip) {
-  ControlMessage m{17, 1025, tuple_layout()};
-  const auto bytes = encode_control(m);
-  EXPECT_EQ(bytes.size(), kControlPrefixBytes + 2 + 3 * 3 + 8 * (3 + 2 + 2));
-  const ControlMessage back = decode_control(bytes.data(), bytes.size());
-  EXPECT_EQ(back.seq, 17u);
-  EXPECT_EQ(back.stream_code, 1025u);
-  ASSERT_TRUE(back.layout.has_value());
-  EXPECT_EQ(*back.layout, *m.layout);
-}
-
-TEST(MessageHeader, UnchangedLayoutIsOnlyThePrefix) {
-  const auto bytes = encode_control({3, 0, std::nullopt});
-  EXPECT_EQ(bytes.size(), kControlPrefixBytes);
-  // A receive buffer is longer than the message: trailing garbage is never read.
-  std::vector<uint8_t> buffer(kMaxControlBytes, 0xAB);
-  std::copy(bytes.begin(), bytes.end(), buffer.begin());
-  const ControlMessage back = decode_control(buffer.data(), buffer.size());
-  EXPECT_EQ(back.seq, 3u);
-  EXPECT_FALSE(back.layout.has_value());
-}
-
-TEST(MessageHeader, LargestLayoutFitsTheControlBuffer) {
-  std::vector<torch::Tensor> tensors(kMaxMessageTensors, torch::zeros(std::vector<int64_t>(kMaxTensorDims, 1)));
-  const auto bytes = encode_control({0, 0, MessageLayout::of(Batch(tensors))});
-  EXPECT_EQ(bytes.size(), kMaxControlBytes);
+  {  // RoundTrip
+    ControlMessage m{17, 1025, tuple_layout()};
+    const auto bytes = encode_control(m);
+    EXPECT_EQ(bytes.size(), kControlPrefixBytes + 2 + 3 * 3 + 8 * (3 + 2 + 2));
+    const ControlMessage back = decode_control(bytes.data(), bytes.size());
+    EXPECT_EQ(back.seq, 17u);
+    EXPECT_EQ(back.stream_code, 1025u);
+    ASSERT_TRUE(back.layout.has_value());
+    EXPECT_EQ(*back.layout, *m.layout);
+  }
+  {  // UnchangedLayoutIsOnlyThePrefix
+    const auto bytes = encode_control({3, 0, std::nullopt});
+    EXPECT_EQ(bytes.size(), kControlPrefixBytes);
+    // A receive buffer is longer than the message: trailing garbage is never read.
+    std::vector<uint8_t> buffer(kMaxControlBytes, 0xAB);
+    std::copy(bytes.begin(), bytes.end(), buffer.begin());
+    const ControlMessage back = decode_control(buffer.data(), buffer.size());
+    EXPECT_EQ(back.seq, 3u);
+    EXPECT_FALSE(back.layout.has_value());
+  }
+  {  // LargestLayoutFitsTheControlBuffer
+    std::vector<torch::Tensor> tensors(kMaxMessageTensors, torch::zeros(std::vector<int64_t>(kMaxTensorDims, 1)));
+    const auto bytes = encode_control({0, 0, MessageLayout::of(Batch(tensors))});
+    EXPECT_EQ(bytes.size(), kMaxControlBytes);
+  }
 }
 
 std::string decode_error(const std::vector<uint8_t>& bytes) {
@@ -110,31 +111,32 @@ void decode_any(const std::vector<uint8_t>& bytes) {
   }
 }
 
-TEST(MessageHeader, FuzzRandomBytes) {
-  std::mt19937 rng(1234);
-  for (int i = 0; i < 20000; ++i) {
-    std::vector<uint8_t> bytes(rng() % 64);
-    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
-    // Half of the inputs start with a valid prefix so the layout decoder is reached.
-    if (i % 2 == 0 && bytes.size() >= 6) {
-      const uint32_t magic = kHeaderMagic;
-      std::memcpy(bytes.data(), &magic, 4);
-      bytes[4] = kHeaderVersion;
-      bytes[5] = 1;
+TEST(MessageHeader, FuzzRandomAndMutatedBytes) {
+  {  // FuzzRandomBytes
+    std::mt19937 rng(1234);
+    for (int i = 0; i < 20000; ++i) {
+      std::vector<uint8_t> bytes(rng() % 64);
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+      // Half of the inputs start with a valid prefix so the layout decoder is reached.
+      if (i % 2 == 0 && bytes.size() >= 6) {
+        const uint32_t magic = kHeaderMagic;
+        std::memcpy(bytes.data(), &magic, 4);
+        bytes[4] = kHeaderVersion;
+        bytes[5] = 1;
+      }
+      decode_any(bytes);
     }
-    decode_any(bytes);
   }
-}
-
-TEST(MessageHeader, FuzzMutatedHeaders) {
-  std::mt19937 rng(99);
-  const auto good = encode_control({5, 2, tuple_layout()});
-  for (int i = 0; i < 20000; ++i) {
-    auto bytes = good;
-    const int flips = 1 + static_cast<int>(rng() % 4);
-    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] = static_cast<uint8_t>(rng());
-    if (rng() % 4 == 0) bytes.resize(rng() % bytes.size());
-    decode_any(bytes);
+  {  // FuzzMutatedHeaders
+    std::mt19937 rng(99);
+    const auto good = encode_control({5, 2, tuple_layout()});
+    for (int i = 0; i < 20000; ++i) {
+      auto bytes = good;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] = static_cast<uint8_t>(rng());
+      if (rng() % 4 == 0) bytes.resize(rng() % bytes.size());
+      decode_any(bytes);
+    }
   }
 }
 

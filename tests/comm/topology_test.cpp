@@ -7,38 +7,43 @@
 namespace pipetrain::comm {
 namespace {
 
-TEST(Topology, PipeIsOutermost) {
-  const Topology t(3, 2);
-  EXPECT_EQ(t.world_size(), 6);
-  // rank = stage * replicas + replica, as DeepSpeed's PipeDataParallelTopology.
-  const int table[3][2] = {{0, 1}, {2, 3}, {4, 5}};
-  for (int s = 0; s < 3; ++s) {
-    for (int d = 0; d < 2; ++d) {
-      EXPECT_EQ(t.rank_of(s, d), table[s][d]);
-      EXPECT_EQ(t.coord_of(table[s][d]), (Coord{s, d}));
+TEST(Topology, CoordinatesNeighboursAndNames) {
+  {  // PipeIsOutermost
+    const Topology t(3, 2);
+    EXPECT_EQ(t.world_size(), 6);
+    // rank = stage * replicas + replica, as DeepSpeed's PipeDataParallelTopology.
+    const int table[3][2] = {{0, 1}, {2, 3}, {4, 5}};
+    for (int s = 0; s < 3; ++s) {
+      for (int d = 0; d < 2; ++d) {
+        EXPECT_EQ(t.rank_of(s, d), table[s][d]);
+        EXPECT_EQ(t.coord_of(table[s][d]), (Coord{s, d}));
+      }
     }
+    EXPECT_TRUE(t.is_first_stage(1));
+    EXPECT_TRUE(t.is_last_stage(4));
+    EXPECT_FALSE(t.is_last_stage(3));
   }
-  EXPECT_TRUE(t.is_first_stage(1));
-  EXPECT_TRUE(t.is_last_stage(4));
-  EXPECT_FALSE(t.is_last_stage(3));
-}
-
-TEST(Topology, Neighbours) {
-  const Topology t(3, 2);
-  EXPECT_EQ(t.prev_rank(0), std::nullopt);
-  EXPECT_EQ(t.next_rank(0), 2);
-  EXPECT_EQ(t.next_rank(3), 5);
-  EXPECT_EQ(t.prev_rank(5), 3);
-  EXPECT_EQ(t.next_rank(5), std::nullopt);
-  EXPECT_EQ(t.pipe_neighbor(5, 1), 1);   // last stage wraps to the first, same replica
-  EXPECT_EQ(t.pipe_neighbor(0, -1), 4);
-}
-
-TEST(Topology, GroupRanks) {
-  const Topology t(3, 2);
-  EXPECT_EQ(t.data_parallel_ranks(1), (std::vector<int>{2, 3}));
-  EXPECT_EQ(t.pipeline_ranks(1), (std::vector<int>{1, 3, 5}));
-  EXPECT_EQ(t.tied_ranks({2, 0}, 1), (std::vector<int>{1, 5}));
+  {  // Neighbours
+    const Topology t(3, 2);
+    EXPECT_EQ(t.prev_rank(0), std::nullopt);
+    EXPECT_EQ(t.next_rank(0), 2);
+    EXPECT_EQ(t.next_rank(3), 5);
+    EXPECT_EQ(t.prev_rank(5), 3);
+    EXPECT_EQ(t.next_rank(5), std::nullopt);
+    EXPECT_EQ(t.pipe_neighbor(5, 1), 1);   // last stage wraps to the first, same replica
+    EXPECT_EQ(t.pipe_neighbor(0, -1), 4);
+  }
+  {  // GroupRanks
+    const Topology t(3, 2);
+    EXPECT_EQ(t.data_parallel_ranks(1), (std::vector<int>{2, 3}));
+    EXPECT_EQ(t.pipeline_ranks(1), (std::vector<int>{1, 3, 5}));
+    EXPECT_EQ(t.tied_ranks({2, 0}, 1), (std::vector<int>{1, 5}));
+  }
+  {  // DescribeRank
+    EXPECT_EQ(Topology(2, 1).describe_rank(1), "stage 1 (rank 1)");
+    EXPECT_EQ(Topology(2, 2).describe_rank(3), "stage 1, replica 1 (rank 3)");
+    EXPECT_EQ(Topology(2, 2).describe(), "2 stages x 2 replicas");
+  }
 }
 
 TEST(Topology, GroupsInCanonicalOrder) {
@@ -73,12 +78,6 @@ TEST(Topology, Errors) {
   EXPECT_THROW(t.groups({{"w", {0, 2}}}), ConfigError);
   EXPECT_THROW(t.groups({{"w", {0}}, {"w", {1}}}), ConfigError);
   EXPECT_THROW(t.groups({{"", {0}}}), ConfigError);
-}
-
-TEST(Topology, DescribeRank) {
-  EXPECT_EQ(Topology(2, 1).describe_rank(1), "stage 1 (rank 1)");
-  EXPECT_EQ(Topology(2, 2).describe_rank(3), "stage 1, replica 1 (rank 3)");
-  EXPECT_EQ(Topology(2, 2).describe(), "2 stages x 2 replicas");
 }
 
 }  // namespace

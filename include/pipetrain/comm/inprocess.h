@@ -33,7 +33,7 @@ class InProcessHub {
   int world_size() const;
   // The communicator of `rank`, used by that rank's thread. UsageError when taken twice.
   std::unique_ptr<Communicator> endpoint(int rank);
-  // Received tensors of `rank` are placed on `device` (default CPU).
+  // Received tensors of `rank` are placed on `device` (default: CommOptions::device).
   void set_device(int rank, torch::Device device);
   // Marks `rank` failed: every pending and later wait of the other ranks raises PeerError.
   void fail(int rank, const std::string& reason);

@@ -1,6 +1,7 @@
 // Settings of the communication layer: timeouts, heartbeat, bucket size, how ranks are named.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/arg.h>
 
 #include <chrono>
@@ -18,6 +19,11 @@ constexpr std::chrono::milliseconds kDefaultConnectTimeout{120'000};
 constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{1'000};
 // All-reduce flattens tensors into buckets of about this many bytes (as DDP).
 constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
+
+// Which c10d backend runs the collectives. NCCL exists only where LibTorch was built with
+// CUDA (USE_C10D_NCCL); the point-to-point channel always runs over Gloo and stages CUDA
+// tensors through host memory.
+enum class Backend { Gloo, Nccl };
 
 // Names a rank in messages: "rank 3" by default, "stage 1 (rank 3)" with a topology.
 using RankNamer = std::function<std::string(int rank)>;
@@ -38,9 +44,12 @@ struct CommOptions {
   // (loopback when MASTER_ADDR is loopback, else the interface that routes to MASTER_ADDR).
   TORCH_ARG(std::string, bind_address) = "";
   TORCH_ARG(RankNamer, rank_namer) = default_rank_name;
+  TORCH_ARG(Backend, backend) = Backend::Gloo;
+  // Where received tensors are placed (the stage's device).
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
 
  public:
-  // ConfigError for non-positive timeouts or bucket size.
+  // ConfigError for non-positive timeouts or bucket size, or NCCL without CUDA support.
   void validate() const;
   std::chrono::milliseconds effective_heartbeat_timeout() const {
     return heartbeat_timeout_.count() > 0 ? heartbeat_timeout_ : timeout_;
