@@ -7,31 +7,6 @@
 
 namespace pipetrain::comm::detail {
 
-struct C10dChannel::PendingRecv {
-  uint64_t seq = 0;
-  int src = -1;
-  std::pair<int, uint32_t> key;
-  std::string what;
-  torch::Tensor control;
-  c10::intrusive_ptr<c10d::Work> control_work;
-  bool decoded = false;
-  bool data_posted = false;
-  MessageLayout layout;
-  std::vector<torch::Tensor> data;
-  std::vector<c10::intrusive_ptr<c10d::Work>> data_works;
-  std::vector<torch::Tensor> retired;  // speculative buffers completed by placeholders
-  std::vector<c10::intrusive_ptr<c10d::Work>> retired_works;
-  std::optional<Batch> result;
-  std::exception_ptr error;
-};
-
-struct C10dChannel::RecvStream {
-  uint64_t next_request = 0;
-  uint64_t decoded = 0;  // messages whose control was read, in order
-  std::optional<MessageLayout> last_layout;
-  std::map<uint64_t, std::shared_ptr<PendingRecv>> pending;
-};
-
 struct C10dChannel::SendStream {
   uint64_t next_seq = 0;
   std::optional<MessageLayout> prev;
@@ -155,13 +130,20 @@ namespace {
 
 class RecvStateImpl final : public RecvState {
  public:
-  RecvStateImpl(std::shared_ptr<C10dChannel> channel, std::shared_ptr<C10dChannel::PendingRecv> p)
-      : channel_(std::move(channel)), p_(std::move(p)) {}
-  Batch wait(std::chrono::milliseconds timeout) override { return channel_->wait_recv(p_, timeout); }
+  RecvStateImpl(std::shared_ptr<C10dChannel> channel, RecvStream* stream, std::shared_ptr<PendingRecv> p, OpDesc op)
+      : channel_(std::move(channel)), stream_(stream), p_(std::move(p)), op_(std::move(op)) {}
+  Batch wait(std::chrono::milliseconds timeout) override {
+    OpDesc op = op_;
+    op.timeout = timeout;
+    if (channel_->closed()) throw UsageError((*op.namer)(op.self) + ": " + op.action + ": the channel is closed");
+    return stream_->wait(p_, Clock::now() + timeout, op);
+  }
 
  private:
-  std::shared_ptr<C10dChannel> channel_;
-  std::shared_ptr<C10dChannel::PendingRecv> p_;
+  std::shared_ptr<C10dChannel> channel_;  // keeps the stream alive
+  RecvStream* stream_;
+  std::shared_ptr<PendingRecv> p_;
+  OpDesc op_;
 };
 
 std::string what_of(const std::exception& e) {
@@ -192,6 +174,13 @@ void C10dChannel::close() {
   }
   for (auto& [dst, c] : completers_) c->stop(/*abandon=*/failed);
   completers_.clear();
+  for (auto& [key, stream] : recv_streams_) {
+    // Receives still posted in Gloo keep buffers that Gloo may write to: keep them.
+    if (!stream->close()) {
+      failed = true;
+      (void)stream.release();
+    }
+  }
   // Gloo may still write into posted receive buffers, or a lost peer may keep a worker
   // blocked: after a failure the process group is abandoned rather than torn down.
   if (failed) (void)pg_.release();
@@ -302,123 +291,25 @@ SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const 
   return SendHandle(p, options_.timeout());
 }
 
-void C10dChannel::post_data(PendingRecv& p, const MessageLayout& layout, bool speculative) {
-  (void)speculative;
-  p.data.clear();
-  p.data_works.clear();
-  for (size_t i = 0; i < layout.tensors.size(); ++i) {
-    const TensorLayout& t = layout.tensors[i];
-    torch::Tensor buffer = torch::empty(t.sizes, torch::TensorOptions().dtype(t.dtype));
-    std::vector<at::Tensor> one{buffer};
-    p.data_works.push_back(pg_->recv(one, p.src, tag(p.key.second, p.src, rank_, i + 1)));
-    p.data.push_back(buffer);
-  }
-  p.data_posted = true;
-}
-
 RecvHandle C10dChannel::irecv(int src, Stream stream, const std::string& what) {
   check_peer(src, "source");
   const uint32_t code = stream.code();
   const OpDesc op = describe("recv", what, src, options_.timeout());
   check_usable(op);
   auto& slot = recv_streams_[{src, code}];
-  if (!slot) slot = std::make_unique<RecvStream>();
-  RecvStream& rs = *slot;
-  auto p = std::make_shared<PendingRecv>();
-  p->seq = rs.next_request;
-  p->src = src;
-  p->key = {src, code};
-  p->what = what;
-  p->control = torch::empty({static_cast<int64_t>(kMaxControlBytes)}, torch::kUInt8);
+  if (!slot) {
+    slot = std::make_unique<RecvStream>(
+        pg_, rank_, src, code, [this, code, src](size_t s) { return tag(code, src, rank_, s); }, options_, faults_,
+        [this](std::exception_ptr e) { mark_broken(e); });
+  }
+  std::shared_ptr<PendingRecv> p;
   try {
-    std::vector<at::Tensor> one{p->control};
-    p->control_work = pg_->recv(one, src, tag(code, src, rank_, 0));
-    if (p->seq > 0 && rs.decoded == p->seq) post_data(*p, *rs.last_layout, /*speculative=*/true);
-  } catch (const std::exception& e) {
-    try {
-      throw_failure(*faults_, op, what_of(e));
-    } catch (...) {
-      mark_broken(std::current_exception());
-      throw;
-    }
-  }
-  rs.next_request++;
-  rs.pending[p->seq] = p;
-  return RecvHandle(std::make_shared<RecvStateImpl>(shared_from_this(), p), options_.timeout());
-}
-
-void C10dChannel::decode_next(RecvStream& rs, Clock::time_point deadline, std::chrono::milliseconds timeout) {
-  const uint64_t m = rs.decoded;
-  auto it = rs.pending.find(m);
-  if (it == rs.pending.end()) {
-    throw UsageError("message " + std::to_string(m) + " of a stream was never received; wait on "
-                     "receives of one stream in order or keep their handles");
-  }
-  PendingRecv& p = *it->second;
-  const OpDesc op = describe("recv", p.what, p.src, timeout);
-  wait_p2p(p.control_work, deadline, *faults_, op);
-  ControlMessage control;
-  try {
-    control = decode_control(p.control.data_ptr<uint8_t>(), static_cast<size_t>(p.control.numel()));
-  } catch (const CommError& e) {
-    throw CommError((*op.namer)(rank_) + ": " + op.action + ": " + e.what());
-  }
-  if (control.seq != m || control.stream_code != p.key.second) {
-    throw CommError((*op.namer)(rank_) + ": " + op.action + ": expected message " + std::to_string(m) +
-                    " of stream " + std::to_string(p.key.second) + ", got message " +
-                    std::to_string(control.seq) + " of stream " + std::to_string(control.stream_code) +
-                    "; the ranks run different schedules or pipetrain versions");
-  }
-  if (!control.layout && !rs.last_layout) {
-    throw CommError((*op.namer)(rank_) + ": " + op.action +
-                    ": malformed message header: the first message of a stream carries no layout");
-  }
-  const MessageLayout layout = control.layout ? *control.layout : *rs.last_layout;
-  if (p.data_posted && control.layout) {
-    // The sender completed our speculative receives with placeholders; post the real ones.
-    for (auto& t : p.data) p.retired.push_back(t);
-    for (auto& w : p.data_works) p.retired_works.push_back(w);
-    p.data_posted = false;
-  }
-  if (!p.data_posted) post_data(p, layout, /*speculative=*/false);
-  p.layout = layout;
-  p.decoded = true;
-  rs.last_layout = layout;
-  rs.decoded++;
-  auto next = rs.pending.find(m + 1);
-  if (next != rs.pending.end() && !next->second->data_posted) post_data(*next->second, layout, true);
-}
-
-Batch C10dChannel::wait_recv(const std::shared_ptr<PendingRecv>& p, std::chrono::milliseconds timeout) {
-  if (p->result) return *p->result;
-  if (p->error) std::rethrow_exception(p->error);
-  const OpDesc op = describe("recv", p->what, p->src, timeout);
-  const auto deadline = Clock::now() + timeout;
-  try {
-    if (closed_) throw UsageError((*op.namer)(rank_) + ": " + op.action + ": the channel is closed");
-    RecvStream& rs = *recv_streams_.at(p->key);
-    while (!p->decoded) decode_next(rs, deadline, timeout);
-    for (auto& w : p->data_works) wait_p2p(w, deadline, *faults_, op);
-    for (auto& w : p->retired_works) wait_p2p(w, deadline, *faults_, op);
-    p->retired.clear();
-    p->retired_works.clear();
-    p->data_works.clear();
-    p->control_work.reset();
-    std::vector<torch::Tensor> values = std::move(p->data);
-    for (size_t i = 0; i < values.size(); ++i) {
-      if (!options_.device().is_cpu()) values[i] = values[i].to(options_.device());
-      if (p->layout.tensors[i].requires_grad && values[i].is_floating_point()) values[i].requires_grad_(true);
-    }
-    p->result = p->layout.atomic ? Batch(values.front()) : Batch::tuple(std::move(values));
-    rs.pending.erase(p->seq);
-    return *p->result;
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error&) {
-    p->error = std::current_exception();
-    mark_broken(p->error);
+    p = slot->post(what, op);
+  } catch (...) {
+    mark_broken(std::current_exception());
     throw;
   }
+  return RecvHandle(std::make_shared<RecvStateImpl>(shared_from_this(), slot.get(), p, op), options_.timeout());
 }
 
 void C10dChannel::wait_sends() {

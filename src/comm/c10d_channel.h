@@ -27,6 +27,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "c10d_recv_stream.h"
 #include "fault_state.h"
 #include "pipetrain/comm/channel.h"
 #include "pipetrain/comm/message_header.h"
@@ -50,13 +51,11 @@ class C10dChannel final : public Channel, public std::enable_shared_from_this<C1
 
   // Stops the send threads; after a failure it abandons what is in flight.
   void close();
+  bool closed() const { return closed_; }
 
-  struct PendingRecv;
   struct PendingSend;
-  Batch wait_recv(const std::shared_ptr<PendingRecv>& p, std::chrono::milliseconds timeout);
 
  private:
-  struct RecvStream;
   struct SendStream;
   class Completer;
 
@@ -65,8 +64,6 @@ class C10dChannel final : public Channel, public std::enable_shared_from_this<C1
                   std::chrono::milliseconds timeout) const;
   void check_peer(int peer, const char* role) const;
   void check_usable(const OpDesc& op);
-  void post_data(PendingRecv& p, const MessageLayout& layout, bool speculative);
-  void decode_next(RecvStream& rs, Clock::time_point deadline, std::chrono::milliseconds timeout);
   void mark_broken(std::exception_ptr error);
   Completer& completer(int dst);
 

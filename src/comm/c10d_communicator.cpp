@@ -103,7 +103,10 @@ class C10dCommunicator final : public Communicator {
     const bool failing = faults_->fault().has_value() || std::uncaught_exceptions() > 0;
     if (monitor_ && !shut_down_) {
       if (failing && !failure_reported_) {
-        monitor_->send_failure("it stopped with an error (see its log)");
+        // Pass the root cause on, so that peers name the rank that was lost first.
+        const auto lost = faults_->fault();
+        monitor_->send_failure(lost ? "it lost " + lost->describe(options_.rank_namer())
+                                    : "it stopped with an error (see its log)");
       } else if (!failing) {
         monitor_->send_goodbye();
       }

@@ -28,7 +28,8 @@ class InProcessEndpoint final : public Communicator {
   }
   ~InProcessEndpoint() override {
     if (std::uncaught_exceptions() > 0 && !failure_reported_) {
-      fail("its thread stopped with an error");
+      const auto lost = hub_->faults->fault();
+      fail(lost ? "it lost " + lost->describe(hub_->options.rank_namer()) : "its thread stopped with an error");
     } else if (!failure_reported_) {
       hub_->faults->raise({rank_, FaultKind::Left, ""});
     }
