@@ -41,7 +41,9 @@ c10::intrusive_ptr<c10d::Store> open_store(const RankInfo& info, const CommOptio
   so.isServer = info.rank == 0;
   so.numWorkers = static_cast<size_t>(info.world_size);
   so.waitWorkers = false;  // the process groups below wait for every rank anyway
-  so.timeout = options.connect_timeout();
+  // TCPStore's own connection (also rank 0's to itself) retries once a second: give it at
+  // least a few tries. Waiting for the other ranks uses connect_timeout explicitly.
+  so.timeout = std::max(options.connect_timeout(), std::chrono::milliseconds(5000));
   const std::string where = info.master_addr + ":" + std::to_string(info.master_port);
   if (info.rank != 0) {
     // TCPStore's client retries once a second; probing ourselves joins as soon as rank 0
