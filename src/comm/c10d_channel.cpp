@@ -10,6 +10,7 @@ namespace pipetrain::comm::detail {
 struct C10dChannel::SendStream {
   uint64_t next_seq = 0;
   std::optional<MessageLayout> prev;
+  std::vector<int64_t> caps;  // high-water bytes per slot, as the receiver computes them
 };
 
 struct C10dChannel::PendingSend final : SendState {
@@ -265,11 +266,22 @@ SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const 
     p->keep.push_back(t);
   };
   try {
-    if (changed && ss.prev) {
-      for (size_t i = 0; i < ss.prev->tensors.size(); ++i) post(placeholder_, i + 1);
+    // The receiver posted one speculative buffer per tensor of the previous message
+    // (c10d_recv_stream.h): fill each with the tensor when it fits, else a placeholder.
+    std::vector<bool> sent(tensors.size(), false);
+    const size_t speculative = ss.prev ? ss.prev->tensors.size() : 0;
+    for (size_t i = 0; i < speculative; ++i) {
+      if (fits_speculative(layout, ss.caps, i)) {
+        post(tensors[i], i + 1);
+        sent[i] = true;
+      } else {
+        post(placeholder_, i + 1);
+      }
     }
     post(control_tensor, 0);
-    for (size_t i = 0; i < tensors.size(); ++i) post(tensors[i], i + 1);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!sent[i]) post(tensors[i], i + 1);
+    }
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
@@ -282,6 +294,7 @@ SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const 
   }
   ss.next_seq++;
   ss.prev = layout;
+  grow_caps(ss.caps, layout);
   p->deadline = Clock::now() + options_.timeout();
   in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
                                   [](const auto& s) { return s->done(); }),

@@ -3,18 +3,18 @@
 //
 // Protocol of one stream (sender s, receiver r), for message n with layout L(n):
 //
-//   s: [placeholders]  control(n)          data(n)_0 .. data(n)_k-1
-//   r: spec(n)         recv control(n)     exact(n) if L(n) != L(n-1)
+//   s: slot i < k(n-1): tensor i if it fits c_i, else a zero-byte placeholder
+//      slot 0:          control(n)  (24 bytes; + L(n) when it differs from L(n-1))
+//      slot i:          tensor i, when it did not go into the speculative buffer
+//   r: spec(n): one byte buffer of capacity c_i per tensor of L(n-1), posted as soon as
+//      L(n-1) is known (before anyone waits); exact receives for what did not fit.
 //
-// Every message sends a control message (24 bytes, plus the layout when it changed) on
-// slot 0 of the stream and one Gloo message per tensor on slots 1..k. Gloo delivers only
-// into posted receives, so the receiver posts the data receives of message n as soon as it
-// knows L(n-1) ("speculative", spec(n)): when the layout is unchanged the data lands while
-// the receiver computes, with no extra round trip. When it changed, the sender first sends
-// a zero-byte placeholder on each slot of L(n-1) — it knows exactly what the receiver
-// posted — which completes spec(n); the receiver reads L(n) from the control message and
-// posts exact receives. Messages on one slot match in order, so nothing ever mixes, and no
-// receive is left posted (Gloo would spin on a posted buffer that was freed).
+// c_i is slot i's high-water size over messages 0..n-1, which both ends know (see
+// c10d_recv_stream.h). Gloo delivers only into posted receives and accepts a message shorter
+// than the buffer, so while layouts stay within the high-water mark (constant shapes, or
+// variable sequence lengths after the longest) the data lands while the receiver computes,
+// with no extra round trip. Messages on one slot match in order, so nothing ever mixes, and
+// no receive is left posted (Gloo would spin on a posted buffer that was freed).
 #pragma once
 
 #include <condition_variable>

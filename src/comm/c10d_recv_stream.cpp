@@ -57,17 +57,19 @@ bool RecvStream::close() {
   return pending_.empty();
 }
 
-void RecvStream::post_data(PendingRecv& p, const MessageLayout& layout) {
-  p.data.clear();
-  p.data_works.clear();
-  for (size_t i = 0; i < layout.tensors.size(); ++i) {
-    const TensorLayout& t = layout.tensors[i];
-    torch::Tensor buffer = torch::empty(t.sizes, torch::TensorOptions().dtype(t.dtype));
-    std::vector<at::Tensor> one{buffer};
-    p.data_works.push_back(pg_->recv(one, src_, tag_(i + 1)));
-    p.data.push_back(buffer);
-  }
-  p.data_posted = true;
+c10::intrusive_ptr<c10d::Work> RecvStream::post_bytes(torch::Tensor& buffer, int64_t bytes, size_t slot) {
+  buffer = torch::empty({bytes}, torch::kUInt8);
+  std::vector<at::Tensor> one{buffer};
+  return pg_->recv(one, src_, tag_(slot));
+}
+
+void RecvStream::post_spec(PendingRecv& p) {
+  const size_t k = last_layout_->tensors.size();
+  p.spec_caps.assign(caps_.begin(), caps_.begin() + static_cast<std::ptrdiff_t>(k));
+  p.spec.resize(k);
+  p.spec_works.resize(k);
+  for (size_t i = 0; i < k; ++i) p.spec_works[i] = post_bytes(p.spec[i], p.spec_caps[i], i + 1);
+  p.spec_posted = true;
 }
 
 std::shared_ptr<PendingRecv> RecvStream::post(const std::string& what, const OpDesc& op) {
@@ -81,7 +83,7 @@ std::shared_ptr<PendingRecv> RecvStream::post(const std::string& what, const OpD
     std::vector<at::Tensor> one{p->control};
     p->control_work = pg_->recv(one, src_, tag_(0));
     // Message n's data receives are posted as soon as message n-1's layout is known.
-    if (p->seq > 0 && decoded_ == p->seq) post_data(*p, *last_layout_);
+    if (p->seq > 0 && decoded_ == p->seq) post_spec(*p);
   } catch (const std::exception& e) {
     throw_failure(*faults_, op, e.what());
   }
@@ -110,21 +112,32 @@ void RecvStream::decode(PendingRecv& p) {
     throw CommError(where + ": malformed message header: the first message of a stream carries no layout");
   }
   const MessageLayout layout = control.layout ? *control.layout : *last_layout_;
-  if (p.data_posted && control.layout) {
-    // The sender completed our speculative receives with placeholders; post the real ones.
-    p.retired = std::move(p.data);
-    p.retired_works = std::move(p.data_works);
-    p.data_posted = false;
+  const size_t k = layout.tensors.size();
+  p.data.assign(k, torch::Tensor());
+  p.data_works.assign(k, c10::intrusive_ptr<c10d::Work>());
+  for (size_t i = 0; i < p.spec.size(); ++i) {
+    if (fits_speculative(layout, p.spec_caps, i)) {
+      p.data[i] = p.spec[i];
+      p.data_works[i] = p.spec_works[i];
+    } else {  // the sender completed it with a placeholder
+      p.retired.push_back(p.spec[i]);
+      p.retired_works.push_back(p.spec_works[i]);
+    }
   }
-  if (!p.data_posted) post_data(p, layout);
+  p.spec.clear();
+  p.spec_works.clear();
+  for (size_t i = 0; i < k; ++i) {
+    if (!p.data_works[i]) p.data_works[i] = post_bytes(p.data[i], layout.tensors[i].nbytes(), i + 1);
+  }
   p.layout = layout;
   p.decoded = true;
   p.control = torch::Tensor();
   p.control_work.reset();
   last_layout_ = layout;
+  grow_caps(caps_, layout);
   decoded_++;
   auto next = pending_.find(decoded_);
-  if (next != pending_.end() && !next->second->data_posted) post_data(*next->second, layout);
+  if (next != pending_.end() && !next->second->spec_posted) post_spec(*next->second);
 }
 
 void RecvStream::run() {
@@ -219,8 +232,14 @@ Batch RecvStream::wait(const std::shared_ptr<PendingRecv>& p, Clock::time_point 
       pending_.erase(p->seq);
     }
     for (size_t i = 0; i < values.size(); ++i) {
+      // A fresh tensor (not a view) over the first nbytes of the byte buffer, which it keeps alive.
+      const TensorLayout& t = p->layout.tensors[i];
+      torch::Tensor bytes = values[i];
+      values[i] = torch::from_blob(
+          bytes.data_ptr(), t.sizes, [bytes](void*) mutable { bytes.reset(); },
+          torch::TensorOptions().dtype(t.dtype));
       if (!options_.device().is_cpu()) values[i] = values[i].to(options_.device());
-      if (p->layout.tensors[i].requires_grad && values[i].is_floating_point()) values[i].requires_grad_(true);
+      if (t.requires_grad && values[i].is_floating_point()) values[i].requires_grad_(true);
     }
     p->result = p->layout.atomic ? Batch(values.front()) : Batch::tuple(std::move(values));
     return *p->result;

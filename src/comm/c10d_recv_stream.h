@@ -2,8 +2,8 @@
 // order and decodes headers in the background, so data lands while the stage computes.
 //
 // A progress thread waits for control message n as soon as it is posted; when it arrives it
-// posts the exact data receives of n (if the layout changed) and the speculative data
-// receives of n+1 (if already requested). Several early-posted receives therefore flow back
+// posts the exact data receives of n that the speculative ones could not hold, and the
+// speculative data receives of n+1 (if already requested). Several early-posted receives therefore flow back
 // to back: message n+1's data can arrive before anyone waits on message n.
 #pragma once
 
@@ -25,15 +25,32 @@
 
 namespace pipetrain::comm::detail {
 
+// Speculative receives use each slot's high-water size: both ends know every earlier layout
+// of the stream, so both know the capacity c_i of the buffer posted on slot i for message n.
+// The sender sends tensor i of message n straight into it when it fits (nbytes <= c_i;
+// Gloo accepts a message shorter than the buffer) and a zero-byte placeholder otherwise.
+// A shorter or equal layout thus costs no round trip; only growth beyond the high-water mark
+// (or more tensors than before) waits for exact receives.
+inline bool fits_speculative(const MessageLayout& layout, const std::vector<int64_t>& caps, size_t slot) {
+  return slot < layout.tensors.size() && slot < caps.size() && layout.tensors[slot].nbytes() <= caps[slot];
+}
+inline void grow_caps(std::vector<int64_t>& caps, const MessageLayout& layout) {
+  if (caps.size() < layout.tensors.size()) caps.resize(layout.tensors.size(), 0);
+  for (size_t i = 0; i < layout.tensors.size(); ++i) caps[i] = std::max(caps[i], layout.tensors[i].nbytes());
+}
+
 struct PendingRecv {
   uint64_t seq = 0;
   std::string what;
   torch::Tensor control;
   c10::intrusive_ptr<c10d::Work> control_work;
   bool decoded = false;
-  bool data_posted = false;
   MessageLayout layout;
-  std::vector<torch::Tensor> data;
+  bool spec_posted = false;
+  std::vector<int64_t> spec_caps;
+  std::vector<torch::Tensor> spec;  // byte buffers
+  std::vector<c10::intrusive_ptr<c10d::Work>> spec_works;
+  std::vector<torch::Tensor> data;  // byte buffers, one per tensor, once decoded
   std::vector<c10::intrusive_ptr<c10d::Work>> data_works;
   std::vector<torch::Tensor> retired;  // speculative buffers completed by placeholders
   std::vector<c10::intrusive_ptr<c10d::Work>> retired_works;
@@ -60,7 +77,8 @@ class RecvStream {
  private:
   void run();
   void decode(PendingRecv& p);  // under mu_
-  void post_data(PendingRecv& p, const MessageLayout& layout);
+  void post_spec(PendingRecv& p);
+  c10::intrusive_ptr<c10d::Work> post_bytes(torch::Tensor& buffer, int64_t bytes, size_t slot);
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int rank_;
@@ -76,6 +94,7 @@ class RecvStream {
   uint64_t next_request_ = 0;
   uint64_t decoded_ = 0;  // controls read, in order
   std::optional<MessageLayout> last_layout_;
+  std::vector<int64_t> caps_;  // high-water bytes per slot over the decoded messages
   std::map<uint64_t, std::shared_ptr<PendingRecv>> pending_;
   std::exception_ptr error_;
   c10::intrusive_ptr<c10d::Work> current_;  // the control the thread waits on

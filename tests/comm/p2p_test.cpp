@@ -67,6 +67,10 @@ PIPETRAIN_RANK_WORKER(p2p_exchange) {
     std::vector<RecvHandle> chunk1;
     for (int i = 0; i < kMessages; i += 3) chunk1.push_back(ch.irecv(peer, Stream::activation(1), "chunk 1"));
     for (int i = 0; i < kMessages; ++i) expect_same(acts[static_cast<size_t>(i)].wait(), activation(i), i);
+    // Received activations are leaves that autograd can differentiate.
+    const Batch first = acts[0].wait();
+    (first[0] * 2).sum().backward();
+    EXPECT_TRUE(first[0].grad().equal(torch::full_like(first[0], 2)));
     for (size_t k = 0; k < chunk1.size(); ++k) {
       EXPECT_TRUE(chunk1[k].wait().tensor().equal(torch::full({4}, -3 * static_cast<int>(k), torch::kInt)));
     }
