@@ -1,0 +1,35 @@
+// Intra-op threads per rank: split the host's cores between the ranks on it.
+#pragma once
+
+#include <string>
+
+#include "pipetrain/comm/env.h"
+
+namespace pipetrain::comm {
+
+// Environment variables that carry a thread count to OpenMP, OpenBLAS and MKL (and to
+// processes started later); `pipetrain launch` sets all of them for its ranks.
+inline constexpr const char* kThreadEnvVars[] = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                 "MKL_NUM_THREADS"};
+
+struct ThreadPlan {
+  int threads = 1;
+  std::string source;  // "requested", "OMP_NUM_THREADS", "4 cores / 2 local ranks"
+};
+
+// Cores this process may run on (its CPU affinity mask; hardware_concurrency as fallback).
+int available_cores();
+
+// The thread count for one rank: `requested` when > 0; else OMP_NUM_THREADS from `env` when
+// set (the launcher or the user chose); else max(1, cores / local_world_size).
+// ConfigError for a malformed OMP_NUM_THREADS or local_world_size < 1.
+ThreadPlan plan_threads(int requested, const EnvLookup& env, int local_world_size, int cores);
+
+// Applies a count to this process: at::set_num_threads (OpenMP pool, hence OpenBLAS-openmp),
+// openblas_set_num_threads when that symbol is loaded, and the variables of kThreadEnvVars.
+void apply_threads(int threads);
+
+// plan_threads for this process (real environment and cores) followed by apply_threads.
+ThreadPlan configure_threads(int requested, int local_world_size);
+
+}  // namespace pipetrain::comm

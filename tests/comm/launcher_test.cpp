@@ -1,0 +1,231 @@
+// `pipetrain launch` and comm::launch: the torchrun environment, failure propagation with
+// the failed rank's status, SIGTERM then SIGKILL of the others, signal forwarding, and no
+// process left behind.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "pipetrain/comm/launcher.h"
+#include "pipetrain/comm/threads.h"
+#include "pipetrain/error.h"
+#include "support/ranks.h"
+
+namespace pipetrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::SpawnOptions;
+
+testing::SpawnResult sh(const std::string& script, int nproc, std::chrono::milliseconds grace = 2s) {
+  SpawnOptions o;
+  o.nproc = nproc;
+  o.grace_period = grace;
+  o.time_limit = 30s;
+  return testing::spawn_ranks({"sh", "-c", script}, o);
+}
+
+TEST(Launch, SetsTorchrunEnvironment) {
+  const auto run = sh("echo rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE "
+                      "addr=$MASTER_ADDR port=$MASTER_PORT omp=$OMP_NUM_THREADS blas=$OPENBLAS_NUM_THREADS "
+                      "restart=$PIPETRAIN_RESTART_COUNT",
+                      3);
+  ASSERT_TRUE(run.ok()) << run.summary();
+  EXPECT_EQ(run.launch.message, "all 3 ranks exited with status 0");
+  for (int r = 0; r < 3; ++r) {
+    const std::string expected = "rank=" + std::to_string(r) + " world=3 local=" + std::to_string(r) +
+                                 "/3 addr=127.0.0.1 port=" + std::to_string(run.launch.master_port) +
+                                 " omp=1 blas=1 restart=0\n";
+    EXPECT_EQ(run.ranks[static_cast<size_t>(r)].output, expected);
+  }
+  EXPECT_GT(run.launch.master_port, 0);
+}
+
+TEST(Launch, SplitsCoresBetweenRanksByDefault) {
+  LaunchOptions o;
+  o.nproc(2).log_dir("");
+  const auto dir = std::filesystem::temp_directory_path() / ("pipetrain-launch-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  o.log_dir(dir.string());
+  const LaunchResult result = launch({"sh", "-c", "echo $OMP_NUM_THREADS"}, o);
+  ASSERT_EQ(result.exit_code, 0) << result.message;
+  EXPECT_EQ(result.threads_per_rank, std::max(1, available_cores() / 2));
+  std::ifstream in(dir / "rank_1.log");
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, std::to_string(result.threads_per_rank));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Launch, FailedRankStopsTheOthersAndGivesItsStatus) {
+  const auto run = sh("if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 30", 3);
+  EXPECT_EQ(run.launch.exit_code, 3);
+  EXPECT_EQ(run.launch.failed_rank, 1);
+  EXPECT_EQ(run.launch.message, "rank 1 exited with status 3; stopped ranks 0, 2");
+  EXPECT_EQ(run.launch.ranks[0].signal, SIGTERM);
+  EXPECT_TRUE(run.launch.ranks[2].stopped);
+  EXPECT_LT(run.seconds, 10.0);
+}
+
+TEST(Launch, KilledRankIsNamedWithItsSignal) {
+  const auto run = sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; exec sleep 30", 2);
+  EXPECT_EQ(run.launch.exit_code, 128 + SIGKILL);
+  EXPECT_EQ(run.launch.message, "rank 1 killed by signal 9 (SIGKILL); stopped rank 0");
+}
+
+TEST(Launch, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto run = sh("trap '' TERM; if [ \"$RANK\" = 0 ]; then sleep 0.5; exit 5; fi; sleep 30", 2, 500ms);
+  EXPECT_EQ(run.launch.exit_code, 5);
+  EXPECT_EQ(run.launch.ranks[1].signal, SIGKILL);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+TEST(Launch, TimeLimitStopsEveryRank) {
+  SpawnOptions o;
+  o.nproc = 2;
+  o.time_limit = 500ms;
+  o.grace_period = 500ms;
+  const auto run = testing::spawn_ranks({"sleep", "30"}, o);
+  EXPECT_TRUE(run.launch.timed_out);
+  EXPECT_EQ(run.launch.exit_code, 124);
+  EXPECT_EQ(run.launch.message, "time limit of 500 ms reached; stopped ranks 0, 1");
+}
+
+TEST(Launch, BadOptionsAndCommands) {
+  EXPECT_THROW(launch({"definitely-not-a-command-xyz"}, LaunchOptions()), ConfigError);
+  EXPECT_THROW(launch({}, LaunchOptions()), ConfigError);
+  EXPECT_THROW(launch({"true"}, LaunchOptions().nproc(0)), ConfigError);
+  EXPECT_THROW(launch({"true"}, LaunchOptions().master_port(70000)), ConfigError);
+}
+
+// Runs the pipetrain CLI as a child process (not through launch(), so the test can signal it).
+struct CliProcess {
+  pid_t pid = -1;
+  std::string log;
+  CliProcess(const std::vector<std::string>& args, const std::string& log_path) : log(log_path) {
+    std::vector<std::string> argv{PIPETRAIN_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> raw;
+      for (auto& a : argv) raw.push_back(a.data());
+      raw.push_back(nullptr);
+      execv(raw[0], raw.data());
+      _exit(127);
+    }
+  }
+  std::string output() const {
+    std::ifstream in(log);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  // Waits until the output contains `count` lines matching `needle` (or the deadline).
+  bool wait_for(const std::string& needle, int count, std::chrono::milliseconds limit) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      const std::string out = output();
+      int found = 0;
+      for (size_t pos = out.find(needle); pos != std::string::npos; pos = out.find(needle, pos + 1)) ++found;
+      if (found >= count) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  // Exit status, or -1 if it did not end in time (then it is killed).
+  int wait(std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    kill(-pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return -1;
+  }
+  ~CliProcess() {
+    if (pid > 0) wait(0ms);
+  }
+};
+
+std::vector<int> pids_in(const std::string& text, const std::string& tag) {
+  std::vector<int> pids;
+  const std::regex re(tag + "=([0-9]+)");
+  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) pids.push_back(std::stoi((*it)[1]));
+  return pids;
+}
+
+// Running (a zombie waiting for a reaper that is not us counts as gone).
+bool alive(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+std::string temp_log(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()) + ".log")).string();
+}
+
+TEST(LaunchCli, ExitsWithTheFailedRanksStatusAndNamesIt) {
+  CliProcess cli({"launch", "--nproc", "2", "--", "sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 30"},
+                 temp_log("launch-fail"));
+  EXPECT_EQ(cli.wait(20s), 3);
+  EXPECT_NE(cli.output().find("pipetrain launch: rank 1 exited with status 3; stopped rank 0"), std::string::npos)
+      << cli.output();
+}
+
+TEST(LaunchCli, ForwardsSigtermAndLeavesNoProcessBehind) {
+  // Each rank reports its pid and its child's, then waits; on SIGTERM it says so and exits 5.
+  CliProcess cli({"launch", "--nproc", "2", "--grace-period", "5", "--", "sh", "-c",
+                  "trap 'echo got-TERM-$RANK; exit 5' TERM; sleep 30 & echo rank-pid=$$ child-pid=$!; wait"},
+                 temp_log("launch-signal"));
+  ASSERT_TRUE(cli.wait_for("rank-pid=", 2, 10s)) << cli.output();
+  kill(cli.pid, SIGTERM);
+  EXPECT_EQ(cli.wait(15s), 128 + SIGTERM);
+  const std::string out = cli.output();
+  EXPECT_NE(out.find("got-TERM-0"), std::string::npos) << out;
+  EXPECT_NE(out.find("got-TERM-1"), std::string::npos) << out;
+  EXPECT_NE(out.find("pipetrain launch: interrupted by SIGTERM; stopped ranks 0, 1"), std::string::npos) << out;
+  std::this_thread::sleep_for(100ms);
+  for (int pid : pids_in(out, "rank-pid")) EXPECT_FALSE(alive(pid)) << "rank pid " << pid;
+  for (int pid : pids_in(out, "child-pid")) EXPECT_FALSE(alive(pid)) << "child pid " << pid;
+}
+
+TEST(LaunchCli, RanksDieWithAKilledLauncher) {
+  CliProcess cli({"launch", "--nproc", "2", "--", "sh", "-c", "echo rank-pid=$$; exec sleep 30"},
+                 temp_log("launch-pdeath"));
+  ASSERT_TRUE(cli.wait_for("rank-pid=", 2, 10s)) << cli.output();
+  const auto pids = pids_in(cli.output(), "rank-pid");
+  kill(cli.pid, SIGKILL);
+  EXPECT_EQ(cli.wait(10s), 128 + SIGKILL);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  bool any_alive = true;
+  while (any_alive && std::chrono::steady_clock::now() < until) {
+    any_alive = false;
+    for (int pid : pids) any_alive = any_alive || alive(pid);
+    if (any_alive) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_FALSE(any_alive) << "ranks survived their launcher (PR_SET_PDEATHSIG)";
+}
+
+}  // namespace
+}  // namespace pipetrain::comm
