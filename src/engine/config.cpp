@@ -182,6 +182,7 @@ SchedulerConfig read_scheduler(ObjectReader& reader) {
 
 PipelineConfig read_pipeline(ObjectReader& reader) {
   PipelineConfig p;
+  p.stages = reader.integer("stages", p.stages, 0);
   p.activation_checkpoint_interval =
       reader.integer("activation_checkpoint_interval", p.activation_checkpoint_interval, 0);
   p.schedule = reader.string("schedule", p.schedule);
@@ -190,6 +191,8 @@ PipelineConfig read_pipeline(ObjectReader& reader) {
   p.balance = reader.integers("balance", 1);
   p.comm_timeout_s = reader.number("comm_timeout_s", p.comm_timeout_s, 0.001);
   p.on_nonfinite_loss = reader.string("on_nonfinite_loss", p.on_nonfinite_loss, {"error", "skip"});
+  p.deferred_linear = reader.boolean("deferred_linear", p.deferred_linear);
+  p.gemm_kernel = reader.string("gemm_kernel", p.gemm_kernel, {"auto", "blas", "onednn"});
   const auto& m = p.partition_method;
   if (!(m == "parameters" || m == "uniform" || m == "balance" || m.rfind("type:", 0) == 0)) {
     reader.fail("pipeline.partition_method",
@@ -316,12 +319,15 @@ std::string EngineConfig::to_json_text() const {
                                   {"warmup_num_steps", scheduler.warmup_num_steps},
                                   {"total_num_steps", scheduler.total_num_steps}}}};
   }
-  json p = {{"activation_checkpoint_interval", pipeline.activation_checkpoint_interval},
+  json p = {{"stages", pipeline.stages},
+            {"activation_checkpoint_interval", pipeline.activation_checkpoint_interval},
             {"schedule", pipeline.schedule},
             {"chunks", pipeline.chunks},
             {"partition_method", pipeline.partition_method},
             {"comm_timeout_s", pipeline.comm_timeout_s},
-            {"on_nonfinite_loss", pipeline.on_nonfinite_loss}};
+            {"on_nonfinite_loss", pipeline.on_nonfinite_loss},
+            {"deferred_linear", pipeline.deferred_linear},
+            {"gemm_kernel", pipeline.gemm_kernel}};
   if (!pipeline.balance.empty()) p["balance"] = pipeline.balance;
   j["pipeline"] = p;
   return j.dump(2);

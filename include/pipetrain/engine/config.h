@@ -12,9 +12,9 @@
 //                                               "eps": 1e-8, "weight_decay": 0.01}},
 //     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
 //                                                  "warmup_num_steps": 100}},
-//     "pipeline": {"activation_checkpoint_interval": 0, "schedule": "1f1b", "chunks": 1,
+//     "pipeline": {"stages": 2, "activation_checkpoint_interval": 0, "schedule": "1f1b", "chunks": 1,
 //                  "partition_method": "parameters", "comm_timeout_s": 30,
-//                  "on_nonfinite_loss": "error"}
+//                  "on_nonfinite_loss": "error", "deferred_linear": true, "gemm_kernel": "auto"}
 //   }
 //
 // Unknown keys are an error naming them, so a typo never silently falls back to a default.
@@ -49,6 +49,7 @@ struct SchedulerConfig {
 };
 
 struct PipelineConfig {
+  int64_t stages = 0;  // pipeline stages; 0 = the caller decides (PipelineModule::num_stages)
   int64_t activation_checkpoint_interval = 0;  // checkpoint every N layers inside a stage; 0 = off
   std::string schedule = "1f1b";               // a schedule kind (see `pipetrain schedule --help`)
   int64_t chunks = 1;                          // model chunks per stage (interleaved, zb-v)
@@ -56,6 +57,9 @@ struct PipelineConfig {
   std::vector<int64_t> balance;                 // partition_method "balance": layers per stage
   double comm_timeout_s = 30.0;                 // every blocking wait between ranks
   std::string on_nonfinite_loss = "error";      // error | skip (skip the step with a warning)
+  // Linear layers run the fused, deferred weight-gradient path (runtime/deferred_linear.h).
+  bool deferred_linear = true;
+  std::string gemm_kernel = "auto";  // auto | blas | onednn: the GEMM of that path
 };
 
 struct EngineConfig {

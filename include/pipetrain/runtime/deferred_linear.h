@@ -38,6 +38,10 @@ class DeferredLinear {
   void forget(int64_t mb);
   void clear();
 
+  // The weights were modified in place without a version bump (LibTorch's optimizers write
+  // through .data()), so the cached W^T of the oneDNN path must be rebuilt. Call after a step.
+  void weights_changed() { weight_t_version_ = -1; }
+
   const torch::nn::Linear& layer() const { return layer_; }
 
  private:

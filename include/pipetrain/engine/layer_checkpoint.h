@@ -1,0 +1,36 @@
+// Per-layer checkpoints: one file per layer, indexed by the layer's global position, so a run
+// can resume with another number of stages, chunks or replicas, and one process can load a
+// whole pipelined model (to generate text, say).
+//
+//   <dir>/manifest.json     {"format": 1, "step": 120, "layers": 9, "files": {"0": {"crc32": ...}}}
+//   <dir>/layer_00000.pt    the module of layer 0 (parameters and buffers)
+//
+// A tied module is stored once, under its first use. Writing is collective and atomic: every
+// rank writes into <dir>.partial, rank 0 checks every file and writes the manifest, then moves
+// the directory into place, so a crash leaves the previous checkpoint intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pipetrain/engine/pipeline_engine.h"
+#include "pipetrain/partition/layer_spec.h"
+
+namespace pipetrain {
+
+// Collective over the engine's world. `extra` is stored in the manifest as a JSON object
+// text (e.g. the example name); "" for none. CheckpointError when a file cannot be written.
+void save_checkpoint(PipelineEngine& engine, const std::string& dir, const std::string& extra = "");
+
+// Loads the layers this rank holds from `dir` (written by any layout of the same model) and
+// returns the step stored there. CheckpointError for a missing or corrupt file (checksum), a
+// layer count that differs from the model's, or a module whose parameters do not match.
+int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir);
+
+// Loads every layer of a model built in one process (BuiltLayers of all specs).
+int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir);
+
+// The manifest's step, or -1 when `dir` holds no complete checkpoint.
+int64_t checkpoint_step(const std::string& dir);
+
+}  // namespace pipetrain

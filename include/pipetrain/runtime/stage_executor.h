@@ -1,0 +1,63 @@
+// The stage executor: runs one stage's action list of a schedule for one step.
+//
+// It knows nothing about schedule kinds: it interprets the actions (schedule/action.h gives
+// their semantics) over the stage's model chunks and a Channel. At the start of a step it
+// posts every receive of the step (in list order, which is each stream's send order), so
+// transfers land while the stage computes; sends never block; every wait has the channel's
+// timeout. The step actions (reduce tied grads, reduce grads, optimizer step) are handed back
+// to the engine through a callback.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipetrain/batch/batch.h"
+#include "pipetrain/batch/data_iterator.h"
+#include "pipetrain/comm/channel.h"
+#include "pipetrain/runtime/stage_model.h"
+#include "pipetrain/schedule/schedule.h"
+#include "pipetrain/schedule/timeline.h"
+
+namespace pipetrain::runtime {
+
+// The loss of one micro-batch (a scalar) from the last chunk's output and the labels.
+using LossFunction = std::function<torch::Tensor(const Batch& outputs, const Batch& labels)>;
+
+struct StageStepResult;
+
+struct StageStep {
+  const schedule::Schedule* schedule = nullptr;
+  int stage = 0;
+  std::vector<StageModel*> chunks;             // by local chunk index
+  comm::Channel* channel = nullptr;
+  std::function<int(int stage)> rank_of_stage;  // a stage of this replica -> its global rank
+  LossFunction loss;                            // needed where the last chunk lives
+  // The step's micro-batches, where this stage loads inputs or labels (empty elsewhere).
+  const std::vector<MicroBatch>* data = nullptr;
+  bool training = true;
+  bool keep_outputs = false;  // eval: return the last chunk's outputs
+  // Runs reduce_tied_grads, reduce_grads and optimizer_step; gets the step's result so far
+  // (the loss, for the optimizer step's checks).
+  std::function<void(schedule::Op, const StageStepResult& so_far)> on_step_op;
+  // Seconds on a clock shared by the ranks of one host, for the trace.
+  std::function<double()> clock;
+};
+
+struct StageStepResult {
+  double loss_sum = 0;  // sum of per-micro-batch losses (unscaled), where the last chunk lives
+  int64_t losses = 0;   // how many
+  std::vector<Batch> outputs;                 // by micro-batch, with keep_outputs
+  std::vector<schedule::TimedEvent> events;   // one per action, row = stage
+  std::array<double, schedule::kNumOps> seconds{};  // time per op kind
+};
+
+// Runs the actions of `step.stage`. Throws what a layer, the loss or the channel throws, with
+// the action that failed in the message; kept tensors are dropped first.
+StageStepResult run_stage_step(const StageStep& step);
+
+}  // namespace pipetrain::runtime

@@ -1,0 +1,65 @@
+// One model chunk of a stage: its layers, run with the Linear fast path and activation
+// checkpointing every N layers (DeepSpeed's activation_checkpoint_interval).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pipetrain/batch/batch.h"
+#include "pipetrain/partition/layer_spec.h"
+#include "pipetrain/runtime/deferred_linear.h"
+#include "pipetrain/runtime/gemm.h"
+
+namespace pipetrain::runtime {
+
+struct StageModelOptions {
+  // Plain Linear layers take the DeferredLinear path: backward computes the input gradient
+  // and backward_weight() the weight gradients of several micro-batches in one product.
+  bool deferred_linear = true;
+  GemmKernel gemm_kernel = GemmKernel::Blas;
+  // Checkpoint every N layers (0 = off): only each group's input is kept, the group is
+  // recomputed in backward with the RNG state of its forward.
+  int64_t checkpoint_interval = 0;
+};
+
+class StageModel {
+ public:
+  StageModel(BuiltLayers layers, StageModelOptions options);
+
+  // Runs the chunk on micro-batch `mb`. With grad mode on, the result carries the graph back
+  // to `input`; Linear layers on the fast path keep their input and upstream gradient under
+  // `mb` until backward_weight({mb, ...}).
+  Batch forward(const Batch& input, int64_t mb);
+
+  // Weight gradients of the fast-path Linear layers for these micro-batches, fused. The other
+  // layers' parameter gradients are computed by autograd in backward, as usual.
+  void backward_weight(const std::vector<int64_t>& mbs);
+  bool has_deferred_weights() const { return !deferred_.empty(); }
+
+  // The weights changed in place (optimizer step, checkpoint load): refresh cached copies.
+  void weights_changed();
+  // Drops every kept tensor (after a failed step).
+  void clear();
+
+  std::vector<torch::Tensor> parameters() const { return layers_.parameters(); }
+  const BuiltLayers& layers() const { return layers_; }
+  BuiltLayers& layers() { return layers_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.modules.size()); }
+  int64_t num_deferred_linear() const { return static_cast<int64_t>(deferred_.size()); }
+  void train(bool on);
+
+ private:
+  Batch run_range(int64_t first, int64_t last, const Batch& input, int64_t mb);
+
+  BuiltLayers layers_;
+  StageModelOptions options_;
+  // Per local layer: its fast path, or null.
+  std::vector<std::unique_ptr<DeferredLinear>> fast_;
+  std::vector<DeferredLinear*> deferred_;
+  bool out_atomic_ = true;  // the form a checkpointed group returned (tensors lose it)
+};
+
+}  // namespace pipetrain::runtime

@@ -1,0 +1,285 @@
+// `pipetrain bench`: a standard workload through the engine (ranks spawned here) and, in the
+// same invocation, the plain one-process loop on one thread, reported side by side.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "apps/bench/mlp_workload.h"
+#include "apps/commands.h"
+#include "pipetrain/comm/launcher.h"
+#include "pipetrain/comm/threads.h"
+#include "pipetrain/engine/pipeline_engine.h"
+#include "pipetrain/error.h"
+#include "pipetrain/schedule/schedule.h"
+#include "pipetrain/util/blas.h"
+
+namespace pipetrain::apps {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct BenchArgs {
+  std::string workload = "mlp";
+  int stages = 0;  // 0: the workload's
+  int replicas = 1;
+  std::string schedule = "1f1b";
+  int chunks = 0;
+  int micro_batches = 0;  // 0: the workload's
+  int steps = 20;
+  int warmup = 3;
+  int repeat = 1;
+  int threads_per_rank = 0;
+  std::string gemm_kernel = "auto";
+  bool deferred_linear = true;
+  bool json_only = false;
+  bool skip_baseline = false;
+  // Internal: this process is one rank, writing its result to `result` (rank 0).
+  bool worker = false;
+  std::string result;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The plain loop of WORKLOADS.md: whole batch, MSE, SGD, one intra-op thread.
+json run_baseline(const BenchArgs& args) {
+  const int saved_threads = at::get_num_threads();
+  comm::apply_threads(1);
+  auto workload = make_mlp_workload(args.workload);
+  auto model = mlp_sequential(workload);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(MlpWorkload::kLr));
+  std::vector<double> losses;
+  auto step = [&] {
+    sgd.zero_grad();
+    auto loss = torch::mse_loss(model->forward(workload.x), workload.y);
+    loss.backward();
+    sgd.step();
+    losses.push_back(loss.item<double>());
+  };
+  for (int i = 0; i < args.warmup; ++i) step();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < args.steps; ++i) step();
+  const double elapsed = seconds_since(t0);
+  comm::apply_threads(saved_threads);
+  return {{"samples_per_s", args.steps * MlpWorkload::kRows / elapsed},
+          {"gflops", MlpWorkload::kFlopsPerStep * args.steps / elapsed / 1e9},
+          {"loss_first", losses.front()},
+          {"loss_last", losses.back()}};
+}
+
+EngineConfig bench_config(const BenchArgs& args, int stages, int micro_batches) {
+  EngineConfig c;
+  c.train_micro_batch_size_per_gpu = MlpWorkload::kRows / micro_batches;
+  c.gradient_accumulation_steps = micro_batches;
+  c.steps_per_print = 0;
+  c.optimizer.type = "SGD";
+  c.optimizer.lr = MlpWorkload::kLr;
+  c.pipeline.stages = stages;
+  c.pipeline.schedule = args.schedule;
+  c.pipeline.chunks = args.chunks;
+  c.pipeline.partition_method = "uniform";
+  c.pipeline.gemm_kernel = args.gemm_kernel;
+  c.pipeline.deferred_linear = args.deferred_linear;
+  return c;
+}
+
+// One rank of the engine run (started by run_engine through comm::launch).
+int run_worker(const BenchArgs& args) {
+  auto workload = make_mlp_workload(args.workload);
+  const int stages = args.stages > 0 ? args.stages : workload.stages;
+  const int m = args.micro_batches > 0 ? args.micro_batches : workload.micro_batches;
+  if (MlpWorkload::kRows % m != 0) {
+    throw ConfigError(fmt::format("--micro-batches {} does not divide the batch of {} rows", m, MlpWorkload::kRows));
+  }
+  auto config = bench_config(args, stages, m);
+  auto comm = PipelineEngine::connect_from_env(config);
+  PipelineEngine engine(mlp_pipeline_module(workload), config, comm);
+  // Every replica trains on the workload's batch (replicas multiply the samples per step).
+  const int64_t rows = MlpWorkload::kRows / m;
+  std::vector<double> losses;
+  auto step = [&] {
+    int i = 0;
+    FunctionIterator it([&]() -> std::optional<MicroBatch> {
+      if (i >= m) return std::nullopt;
+      MicroBatch mb{Batch(workload.x.narrow(0, i * rows, rows)), Batch(workload.y.narrow(0, i * rows, rows))};
+      ++i;
+      return mb;
+    });
+    losses.push_back(engine.train_batch(it));
+  };
+  for (int i = 0; i < args.warmup; ++i) step();
+  comm->world().barrier("bench start");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < args.steps; ++i) step();
+  comm->world().barrier("bench end");
+  const double elapsed = seconds_since(t0);
+  const auto bubble = engine.measure_bubble();
+  if (comm->rank() == 0) {
+    const double samples = static_cast<double>(args.steps) * MlpWorkload::kRows * engine.num_replicas();
+    json r = {{"samples_per_s", samples / elapsed},
+              {"gflops", MlpWorkload::kFlopsPerStep * args.steps * engine.num_replicas() / elapsed / 1e9},
+              {"loss_first", losses.front()},
+              {"loss_last", losses.back()},
+              {"bubble_measured", bubble.measured},
+              {"bubble_simulated", bubble.simulated},
+              {"threads_per_rank", at::get_num_threads()},
+              {"schedule", schedule::kind_name(engine.train_schedule().kind)},
+              {"chunks", engine.train_schedule().num_chunks()}};
+    std::ofstream(args.result) << r.dump() << "\n";
+  }
+  comm->shutdown();
+  return 0;
+}
+
+std::vector<std::string> worker_command(const BenchArgs& args, const std::string& result) {
+  std::vector<std::string> cmd{std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "--worker",
+                               "--result", result, "--workload", args.workload, "--schedule", args.schedule,
+                               "--steps", std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
+                               "--gemm-kernel", args.gemm_kernel};
+  if (args.stages > 0) cmd.insert(cmd.end(), {"--stages", std::to_string(args.stages)});
+  if (args.chunks > 0) cmd.insert(cmd.end(), {"--chunks", std::to_string(args.chunks)});
+  if (args.micro_batches > 0) cmd.insert(cmd.end(), {"--micro-batches", std::to_string(args.micro_batches)});
+  if (!args.deferred_linear) cmd.push_back("--no-deferred-linear");
+  return cmd;
+}
+
+json run_engine(const BenchArgs& args, int stages) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("pipetrain-bench-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const auto result = (dir / "result.json").string();
+  std::filesystem::remove(result);
+  comm::LaunchOptions options;
+  options.nproc(stages * args.replicas).threads_per_rank(args.threads_per_rank);
+  options.time_limit(std::chrono::milliseconds(600'000));
+  const auto launched = comm::launch(worker_command(args, result), options);
+  if (launched.exit_code != 0) {
+    throw Error("the engine run failed: " + launched.message);
+  }
+  std::ifstream in(result);
+  if (!in) throw Error("the engine run wrote no result to " + result);
+  json r = json::parse(in);
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+int run_bench(const BenchArgs& args) {
+  if (args.worker) return run_worker(args);
+  const auto probe = make_mlp_workload(args.workload);
+  const int stages = args.stages > 0 ? args.stages : probe.stages;
+  const int m = args.micro_batches > 0 ? args.micro_batches : probe.micro_batches;
+  const auto blas = util::blas_info();
+  if (!args.json_only) {
+    std::cout << fmt::format("workload {}: {} stages x {} replicas, {} micro-batches, schedule {}, {} steps after {} warm-up, {} repeat(s)\n",
+                             args.workload, stages, args.replicas, m, args.schedule, args.steps, args.warmup, args.repeat)
+              << util::describe_blas(blas) << std::endl;
+  }
+  std::vector<json> engine_runs, baseline_runs;
+  for (int r = 0; r < args.repeat; ++r) {
+    engine_runs.push_back(run_engine(args, stages));
+    if (!args.json_only) {
+      std::cout << fmt::format("  engine   run {}: {:8.1f} samples/s  bubble {:.3f} (simulated {:.3f})", r + 1,
+                               engine_runs.back()["samples_per_s"].get<double>(),
+                               engine_runs.back()["bubble_measured"].get<double>(),
+                               engine_runs.back()["bubble_simulated"].get<double>())
+                << std::endl;
+    }
+    if (args.skip_baseline) continue;
+    baseline_runs.push_back(run_baseline(args));
+    if (!args.json_only) {
+      std::cout << fmt::format("  baseline run {}: {:8.1f} samples/s (one thread, no pipeline)", r + 1,
+                               baseline_runs.back()["samples_per_s"].get<double>())
+                << std::endl;
+    }
+  }
+  auto med = [](const std::vector<json>& runs, const char* key) {
+    std::vector<double> v;
+    for (const auto& r : runs) v.push_back(r[key].get<double>());
+    return median(v);
+  };
+  const double sps = med(engine_runs, "samples_per_s");
+  const double base = baseline_runs.empty() ? 0.0 : med(baseline_runs, "samples_per_s");
+  json out = {{"workload", args.workload},
+              {"stages", stages},
+              {"replicas", args.replicas},
+              {"micro_batches", m},
+              {"schedule", engine_runs.front()["schedule"]},
+              {"chunks", engine_runs.front()["chunks"]},
+              {"steps", args.steps},
+              {"repeats", args.repeat},
+              {"samples_per_s", sps},
+              {"baseline_samples_per_s", base},
+              {"speedup", base > 0 ? sps / base : 0.0},
+              {"gflops", med(engine_runs, "gflops")},
+              {"baseline_gflops", baseline_runs.empty() ? 0.0 : med(baseline_runs, "gflops")},
+              {"loss_first", engine_runs.front()["loss_first"]},
+              {"loss_last", engine_runs.front()["loss_last"]},
+              {"baseline_loss_first", baseline_runs.empty() ? json(nullptr) : baseline_runs.front()["loss_first"]},
+              {"baseline_loss_last", baseline_runs.empty() ? json(nullptr) : baseline_runs.front()["loss_last"]},
+              {"bubble_measured", med(engine_runs, "bubble_measured")},
+              {"bubble_simulated", med(engine_runs, "bubble_simulated")},
+              {"threads_per_rank", engine_runs.front()["threads_per_rank"]},
+              {"gemm_kernel", args.gemm_kernel},
+              {"deferred_linear", args.deferred_linear},
+              {"blas", blas.name}};
+  if (!args.json_only && base > 0) {
+    std::cout << fmt::format("median: engine {:.1f} samples/s, baseline {:.1f} samples/s, speedup {:.2f}x\n", sps, base,
+                             sps / base);
+  }
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "run a standard workload (shared/bench/WORKLOADS.md) through the pipeline engine, with its "
+      "ranks as local processes, and the plain one-thread loop in the same invocation; the last "
+      "line is one JSON object (samples_per_s, baseline_samples_per_s, speedup, losses, bubble)");
+  sub->add_option("--workload", args->workload, "mlp (2 stages) or mlp-4 (4 stages)")
+      ->check(CLI::IsMember({"mlp", "mlp-4"}))
+      ->capture_default_str();
+  sub->add_option("--stages", args->stages, "pipeline stages (default: the workload's)")->check(CLI::PositiveNumber);
+  sub->add_option("--replicas", args->replicas, "data-parallel replicas")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--schedule", args->schedule, "1f1b, fill-drain, interleaved, zb-h1 or zb-v")->capture_default_str();
+  sub->add_option("--chunks", args->chunks, "model chunks per stage (interleaved; default: the schedule's)");
+  sub->add_option("--micro-batches", args->micro_batches, "micro-batches per step (default: the workload's 8)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--steps", args->steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--repeat", args->repeat, "runs in fresh processes; medians are reported")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per rank (0: cores / ranks)")
+      ->capture_default_str();
+  sub->add_option("--gemm-kernel", args->gemm_kernel, "auto, blas or onednn: the engine's Linear GEMMs")
+      ->check(CLI::IsMember({"auto", "blas", "onednn"}))
+      ->capture_default_str();
+  sub->add_flag("--no-deferred-linear{false}", args->deferred_linear,
+                "run Linear layers through plain autograd instead of the fused weight-gradient path");
+  sub->add_flag("--json", args->json_only, "print only the JSON line");
+  sub->add_flag("--skip-baseline", args->skip_baseline, "do not run the one-thread baseline");
+  sub->add_flag("--worker", args->worker, "internal: run as one rank")->group("");
+  sub->add_option("--result", args->result, "internal: where rank 0 writes its result")->group("");
+  sub->callback([args, &exit_code] { exit_code = run_bench(*args); });
+}
+
+}  // namespace pipetrain::apps

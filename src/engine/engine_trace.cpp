@@ -1,0 +1,70 @@
+// PipelineEngine: the measured timeline of a step, gathered over the pipeline, and its bubble
+// next to the simulator's prediction.
+#include <algorithm>
+#include <limits>
+
+#include "pipetrain/engine/pipeline_engine.h"
+#include "pipetrain/schedule/simulate.h"
+
+namespace pipetrain {
+
+std::vector<schedule::TimedEvent> PipelineEngine::gather_events() {
+  auto& group = *groups_.pipeline;
+  const double longest = group.all_reduce_scalar(static_cast<double>(last_events_.size()), comm::ReduceOp::Max,
+                                                 "trace event count");
+  const auto n = static_cast<int64_t>(longest);
+  constexpr int64_t kFields = 5;  // op + 1 (0 = empty), micro-batch, chunk, start, end
+  auto table = torch::zeros({num_stages(), std::max<int64_t>(n, 1), kFields}, torch::kDouble);
+  auto rows = table.accessor<double, 3>();
+  for (size_t i = 0; i < last_events_.size(); ++i) {
+    const auto& e = last_events_[i];
+    rows[stage()][static_cast<int64_t>(i)][0] = static_cast<double>(e.op) + 1;
+    rows[stage()][static_cast<int64_t>(i)][1] = e.micro_batch;
+    rows[stage()][static_cast<int64_t>(i)][2] = e.chunk;
+    rows[stage()][static_cast<int64_t>(i)][3] = e.start;
+    rows[stage()][static_cast<int64_t>(i)][4] = e.end;
+  }
+  std::vector<torch::Tensor> v{table};
+  group.all_reduce(v, comm::ReduceOp::Sum, "trace events");
+  std::vector<schedule::TimedEvent> events;
+  double origin = std::numeric_limits<double>::infinity();
+  for (int s = 0; s < num_stages(); ++s) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (rows[s][i][0] == 0) continue;
+      schedule::TimedEvent e;
+      e.stage = s;
+      e.op = static_cast<schedule::Op>(static_cast<int>(rows[s][i][0]) - 1);
+      e.micro_batch = static_cast<int>(rows[s][i][1]);
+      e.chunk = static_cast<int>(rows[s][i][2]);
+      e.start = rows[s][i][3];
+      e.end = rows[s][i][4];
+      origin = std::min(origin, e.start);
+      events.push_back(e);
+    }
+  }
+  for (auto& e : events) {
+    e.start -= origin;
+    e.end -= origin;
+  }
+  return events;
+}
+
+BubbleReport PipelineEngine::measure_bubble() {
+  auto events = gather_events();
+  // The step actions (reductions, optimizer) are outside the schedule's timeline in the
+  // simulator too: compare the pipelined part only.
+  std::vector<schedule::TimedEvent> body;
+  for (const auto& e : events) {
+    if (!schedule::is_step(e.op)) body.push_back(e);
+  }
+  BubbleReport report;
+  if (body.empty()) return report;
+  const auto measured = schedule::bubble_stats(body, num_stages());
+  report.measured = measured.overall;
+  report.makespan_s = measured.makespan;
+  const auto costs = schedule::estimate_costs(body, num_stages(), num_chunks(), 0.0);
+  report.simulated = schedule::simulate(train_schedule_, costs).bubble_overall;
+  return report;
+}
+
+}  // namespace pipetrain

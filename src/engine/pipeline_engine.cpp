@@ -1,0 +1,306 @@
+// PipelineEngine: construction, train_batch and eval_batch.
+#include "pipetrain/engine/pipeline_engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "pipetrain/comm/rank_info.h"
+#include "pipetrain/comm/threads.h"
+#include "pipetrain/engine/optimizer.h"
+#include "pipetrain/error.h"
+#include "pipetrain/runtime/gemm.h"
+#include "pipetrain/schedule/defer_weights.h"
+#include "pipetrain/schedule/generate.h"
+#include "pipetrain/util/log.h"
+
+namespace pipetrain {
+
+namespace {
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+int resolve_stages(const PipelineModule& module, const EngineConfig& config, int world) {
+  const int64_t from_module = module.num_stages;
+  const int64_t from_config = config.pipeline.stages;
+  if (from_module > 0 && from_config > 0 && from_module != from_config) {
+    throw ConfigError(fmt::format(
+        "the PipelineModule asks for {} stages but pipeline.stages in the config is {}; set one of them",
+        from_module, from_config));
+  }
+  const int64_t stages = from_module > 0 ? from_module : from_config > 0 ? from_config : world;
+  return static_cast<int>(stages);
+}
+
+schedule::Schedule make_train_schedule(const EngineConfig& config, int stages) {
+  const auto kind = schedule::parse_kind(config.pipeline.schedule);
+  if (!schedule::is_training(kind)) {
+    throw ConfigError("pipeline.schedule \"" + config.pipeline.schedule +
+                      "\" does not train; use 1f1b, fill-drain, interleaved, zb-h1 or zb-v");
+  }
+  const int m = static_cast<int>(config.gradient_accumulation_steps);
+  const int chunks = config.pipeline.chunks > 1 ? static_cast<int>(config.pipeline.chunks) : 0;
+  auto sched = schedule::generate(schedule::ScheduleOptions(kind, stages, m).chunks(chunks));
+  if (config.pipeline.deferred_linear) sched = schedule::defer_weight_gradients(sched);
+  return sched;
+}
+
+}  // namespace
+
+PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
+                               std::shared_ptr<comm::Communicator> comm)
+    : module_(std::move(module)),
+      config_(std::move(config)),
+      comm_(std::move(comm)),
+      topology_(comm::Topology::for_world(comm_ ? comm_->world_size() : 1,
+                                          resolve_stages(module_, config_, comm_ ? comm_->world_size() : 1))) {
+  if (!comm_) throw UsageError("PipelineEngine needs a communicator (PipelineEngine::connect_from_env)");
+  if (module_.layers.empty()) throw ModuleError("the PipelineModule has no layers");
+  if (!module_.loss) throw ModuleError("the PipelineModule has no loss function");
+  coord_ = topology_.coord_of(comm_->rank());
+  config_.resolve_batch_sizes(topology_.replicas());
+
+  train_schedule_ = make_train_schedule(config_, topology_.stages());
+  const auto& layout = train_schedule_.layout;
+  eval_schedule_ = schedule::generate(
+      schedule::ScheduleOptions(schedule::ScheduleKind::inference, topology_.stages(), micro_batches())
+          .chunks(layout.num_chunks())
+          .layout(layout.kind()));
+  balance_ = partition_layers(module_.layers, config_.pipeline, layout.num_virtual_stages());
+  offsets_ = part_offsets(balance_);
+
+  runtime::StageModelOptions options;
+  options.deferred_linear = config_.pipeline.deferred_linear;
+  options.gemm_kernel = runtime::parse_gemm_kernel(config_.pipeline.gemm_kernel);
+  options.checkpoint_interval = config_.pipeline.activation_checkpoint_interval;
+  std::map<std::string, torch::nn::AnyModule> local_tied;
+  for (int c = 0; c < layout.num_chunks(); ++c) {
+    const int v = layout.virtual_stage(stage(), c);
+    auto built = build_seeded_layers(module_.layers, offsets_[v], offsets_[v + 1], config_.seed);
+    // A stage holding one tied key in two chunks (ZB-V's first and last part) uses one module.
+    for (size_t i = 0; i < built.specs.size(); ++i) {
+      const auto& key = built.specs[i].tied_key;
+      if (key.empty()) continue;
+      auto it = local_tied.find(key);
+      if (it == local_tied.end()) {
+        local_tied.emplace(key, built.modules[i]);
+      } else {
+        built.modules[i] = it->second;
+      }
+    }
+    chunks_.push_back(std::make_unique<runtime::StageModel>(std::move(built), options));
+  }
+
+  // Which stages hold each tied key: the engine keeps their copies equal.
+  std::map<std::string, std::set<int>> holders;
+  for (int v = 0; v < layout.num_virtual_stages(); ++v) {
+    for (int64_t i = offsets_[v]; i < offsets_[v + 1]; ++i) {
+      const auto& key = module_.layers[static_cast<size_t>(i)].tied_key;
+      if (!key.empty()) holders[key].insert(layout.placement(v).stage);
+    }
+  }
+  std::vector<comm::TiedKey> tied_keys;
+  for (const auto& [key, stages] : holders) tied_keys.push_back({key, {stages.begin(), stages.end()}});
+  groups_ = comm::build_pipe_groups(*comm_, topology_, tied_keys);
+  for (const auto& [key, stages] : holders) {
+    auto it = local_tied.find(key);
+    if (it == local_tied.end()) continue;
+    Tied t;
+    t.key = key;
+    t.params = it->second.ptr()->parameters();
+    t.counts_in_norm = *stages.begin() == stage();
+    tied_.push_back(std::move(t));
+  }
+
+  sync_initial_weights();
+  auto params = parameters();
+  if (!params.empty()) optimizer_ = make_optimizer(config_.optimizer, params);
+  base_lr_ = config_.optimizer.lr;
+}
+
+PipelineEngine::~PipelineEngine() = default;
+
+std::shared_ptr<comm::Communicator> PipelineEngine::connect_from_env(const EngineConfig& config) {
+  const auto info = comm::rank_info_from_env();
+  comm::configure_threads(0, info.local_world_size);
+  util::set_log_rank(info.rank);
+  comm::CommOptions options;
+  options.timeout(std::chrono::milliseconds(static_cast<int64_t>(config.pipeline.comm_timeout_s * 1000)));
+  return std::shared_ptr<comm::Communicator>(comm::connect(info, options));
+}
+
+void PipelineEngine::forward() {
+  throw UsageError("PipelineEngine::forward is not supported: one step of a pipeline is one "
+                   "train_batch(data) call (or eval_batch(data) for evaluation)");
+}
+void PipelineEngine::backward() {
+  throw UsageError("PipelineEngine::backward is not supported: train_batch(data) runs forward, "
+                   "backward and the optimizer step together over the pipeline schedule");
+}
+void PipelineEngine::step() {
+  throw UsageError("PipelineEngine::step is not supported: train_batch(data) takes the optimizer "
+                   "step at the end of the schedule");
+}
+
+std::vector<torch::Tensor> PipelineEngine::parameters() const {
+  std::vector<torch::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& chunk : chunks_) {
+    for (const auto& p : chunk->parameters()) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> PipelineEngine::named_parameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::set<const void*> seen;
+  const auto& layout = train_schedule_.layout;
+  for (int c = 0; c < num_chunks(); ++c) {
+    const int v = layout.virtual_stage(stage(), c);
+    const auto& built = chunks_[static_cast<size_t>(c)]->layers();
+    for (size_t i = 0; i < built.modules.size(); ++i) {
+      const auto* module = built.modules[i].ptr().get();
+      if (!seen.insert(module).second) continue;
+      for (const auto& item : built.modules[i].ptr()->named_parameters(true)) {
+        out.emplace_back(std::to_string(offsets_[v] + static_cast<int64_t>(i)) + "." + item.key(), item.value());
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, torch::nn::AnyModule>> PipelineEngine::local_layers() const {
+  std::vector<std::pair<int64_t, torch::nn::AnyModule>> out;
+  std::set<const void*> seen;
+  const auto& layout = train_schedule_.layout;
+  for (int c = 0; c < num_chunks(); ++c) {
+    const int v = layout.virtual_stage(stage(), c);
+    const auto& built = chunks_[static_cast<size_t>(c)]->layers();
+    for (size_t i = 0; i < built.modules.size(); ++i) {
+      if (!seen.insert(built.modules[i].ptr().get()).second) continue;
+      out.emplace_back(offsets_[v] + static_cast<int64_t>(i), built.modules[i]);
+    }
+  }
+  return out;
+}
+
+void PipelineEngine::parameters_changed() {
+  for (auto& chunk : chunks_) chunk->weights_changed();
+}
+
+bool PipelineEngine::loads_data() const {
+  const auto& layout = train_schedule_.layout;
+  for (int c = 0; c < num_chunks(); ++c) {
+    if (layout.is_first(stage(), c) || layout.is_last(stage(), c)) return true;
+  }
+  return false;
+}
+
+std::vector<MicroBatch> PipelineEngine::pull(DataIterator& data, const char* what) {
+  std::vector<MicroBatch> out;
+  if (!loads_data()) return out;
+  const int m = micro_batches();
+  for (int i = 0; i < m; ++i) {
+    auto mb = data.next();
+    if (!mb) {
+      throw DataError(fmt::format(
+          "{}: the data iterator ran out after {} of the {} micro-batches of step {} "
+          "(gradient_accumulation_steps = {}); give it {} micro-batches per call, or stop "
+          "calling when it is exhausted",
+          what, i, m, global_steps_ + 1, m, m));
+    }
+    out.push_back(std::move(*mb));
+  }
+  return out;
+}
+
+runtime::StageStep PipelineEngine::make_step(const schedule::Schedule& sched,
+                                             const std::vector<MicroBatch>& data, bool training) {
+  runtime::StageStep s;
+  s.schedule = &sched;
+  s.stage = stage();
+  for (auto& c : chunks_) s.chunks.push_back(c.get());
+  s.channel = &comm_->channel();
+  s.rank_of_stage = [this](int st) { return topology_.rank_of(st, replica()); };
+  s.loss = module_.loss;
+  s.data = &data;
+  s.training = training;
+  s.clock = wall_seconds;
+  return s;
+}
+
+double PipelineEngine::train_batch(DataIterator& data) {
+  const double t0 = wall_seconds();
+  for (auto& c : chunks_) c->train(true);
+  runtime::StageStepResult result;
+  last_ = StepStats();
+  try {
+    const auto micro = pull(data, "train_batch");
+    clear_grads();
+    auto step = make_step(train_schedule_, micro, true);
+    step.on_step_op = [this](schedule::Op op, const runtime::StageStepResult& so_far) { on_step_op(op, so_far); };
+    result = runtime::run_stage_step(step);
+  } catch (const NumericError&) {
+    throw;  // every rank raises it together, after the same collective
+  } catch (const std::exception& e) {
+    comm_->report_failure(e.what());
+    throw;
+  }
+  last_events_ = std::move(result.events);
+  const double seconds = wall_seconds() - t0;
+  last_.seconds = seconds;
+  last_.samples_per_s = static_cast<double>(config_.train_batch_size) / seconds;
+  last_.op_seconds = result.seconds;
+  if (comm_->rank() == 0 && config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) {
+    util::log_info(fmt::format("step {} | loss {:.6f} | {:.3f} s/step | {:.1f} samples/s | lr {:.3g}{}",
+                               global_steps_, last_.loss, seconds, last_.samples_per_s, last_.lr,
+                               last_.skipped ? " | skipped (non-finite)" : ""));
+  }
+  if (config_.wall_clock_breakdown && config_.steps_per_print > 0 &&
+      global_steps_ % config_.steps_per_print == 0) {
+    std::string line = fmt::format("step {} time per action (ms):", global_steps_);
+    for (int op = 0; op < schedule::kNumOps; ++op) {
+      const double s = result.seconds[static_cast<size_t>(op)];
+      if (s > 0) line += fmt::format(" {} {:.2f}", schedule::op_name(static_cast<schedule::Op>(op)), s * 1e3);
+    }
+    util::log_info(line);
+  }
+  return last_.loss;
+}
+
+EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs) {
+  for (auto& c : chunks_) c->train(false);
+  EvalResult out;
+  runtime::StageStepResult result;
+  try {
+    const auto micro = pull(data, "eval_batch");
+    auto step = make_step(eval_schedule_, micro, false);
+    step.keep_outputs = return_outputs;
+    torch::NoGradGuard no_grad;
+    result = runtime::run_stage_step(step);
+  } catch (const std::exception& e) {
+    for (auto& c : chunks_) c->train(true);
+    comm_->report_failure(e.what());
+    throw;
+  }
+  for (auto& c : chunks_) c->train(true);
+  const double part = result.losses > 0 ? result.loss_sum / static_cast<double>(result.losses) /
+                                              static_cast<double>(num_replicas())
+                                        : 0.0;
+  out.loss = comm_->world().all_reduce_scalar(part, comm::ReduceOp::Sum, "eval loss");
+  if (return_outputs) {
+    for (auto& b : result.outputs) {
+      if (!b.empty()) out.outputs.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+}  // namespace pipetrain

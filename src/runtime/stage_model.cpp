@@ -1,0 +1,82 @@
+// A stage's model chunk: layers in order, Linear fast path, checkpointed groups.
+#include "pipetrain/runtime/stage_model.h"
+
+#include "pipetrain/runtime/checkpoint.h"
+
+namespace pipetrain::runtime {
+
+namespace {
+
+// A layer can take the fast path when it is a plain, untied Linear that runs its own forward:
+// a tied or customised use may do anything with the module.
+torch::nn::Linear plain_linear(const LayerSpec& spec, torch::nn::AnyModule& module) {
+  if (spec.tied() || spec.forward) return nullptr;
+  auto impl = module.ptr();
+  auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(impl);
+  if (!linear) return nullptr;
+  return torch::nn::Linear(linear);
+}
+
+}  // namespace
+
+StageModel::StageModel(BuiltLayers layers, StageModelOptions options)
+    : layers_(std::move(layers)), options_(options) {
+  fast_.resize(layers_.modules.size());
+  if (!options_.deferred_linear) return;
+  for (size_t i = 0; i < layers_.modules.size(); ++i) {
+    auto linear = plain_linear(layers_.specs[i], layers_.modules[i]);
+    if (!linear) continue;
+    fast_[i] = std::make_unique<DeferredLinear>(linear, options_.gemm_kernel);
+    deferred_.push_back(fast_[i].get());
+  }
+}
+
+Batch StageModel::run_range(int64_t first, int64_t last, const Batch& input, int64_t mb) {
+  Batch x = input;
+  for (int64_t i = first; i < last; ++i) {
+    if (fast_[i] && x.atomic()) {
+      x = Batch(fast_[i]->forward(x.tensor(), mb));
+    } else {
+      x = layers_.forward_layer(static_cast<size_t>(i), x);
+    }
+  }
+  return x;
+}
+
+Batch StageModel::forward(const Batch& input, int64_t mb) {
+  const int64_t n = num_layers();
+  const int64_t interval = options_.checkpoint_interval;
+  if (interval <= 0 || !torch::GradMode::is_enabled()) return run_range(0, n, input, mb);
+  Batch x = input;
+  for (int64_t first = 0; first < n; first += interval) {
+    const int64_t last = std::min(n, first + interval);
+    const bool atomic = x.atomic();
+    auto fn = [this, first, last, atomic, mb](const Tensors& in) {
+      Batch b = atomic ? Batch(in.at(0)) : Batch::tuple(in);
+      Batch out = run_range(first, last, b, mb);
+      out_atomic_ = out.atomic();
+      return out.tensors();
+    };
+    Tensors outs = checkpointed_forward(fn, x.tensors());
+    x = out_atomic_ && outs.size() == 1 ? Batch(outs[0]) : Batch::tuple(std::move(outs));
+  }
+  return x;
+}
+
+void StageModel::backward_weight(const std::vector<int64_t>& mbs) {
+  for (auto* d : deferred_) d->backward_weight(mbs);
+}
+
+void StageModel::weights_changed() {
+  for (auto* d : deferred_) d->weights_changed();
+}
+
+void StageModel::clear() {
+  for (auto* d : deferred_) d->clear();
+}
+
+void StageModel::train(bool on) {
+  for (auto& m : layers_.modules) m.ptr()->train(on);
+}
+
+}  // namespace pipetrain::runtime
