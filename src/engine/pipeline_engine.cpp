@@ -67,10 +67,6 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
 
   train_schedule_ = make_train_schedule(config_, topology_.stages());
   const auto& layout = train_schedule_.layout;
-  eval_schedule_ = schedule::generate(
-      schedule::ScheduleOptions(schedule::ScheduleKind::inference, topology_.stages(), micro_batches())
-          .chunks(layout.num_chunks())
-          .layout(layout.kind()));
   balance_ = partition_layers(module_.layers, config_.pipeline, layout.num_virtual_stages());
   offsets_ = part_offsets(balance_);
 
@@ -203,10 +199,9 @@ bool PipelineEngine::loads_data() const {
   return false;
 }
 
-std::vector<MicroBatch> PipelineEngine::pull(DataIterator& data, const char* what) {
+std::vector<MicroBatch> PipelineEngine::pull(DataIterator& data, const char* what, int m) {
   std::vector<MicroBatch> out;
   if (!loads_data()) return out;
-  const int m = micro_batches();
   for (int i = 0; i < m; ++i) {
     auto mb = data.next();
     if (!mb) {
@@ -242,7 +237,7 @@ double PipelineEngine::train_batch(DataIterator& data) {
   runtime::StageStepResult result;
   last_ = StepStats();
   try {
-    const auto micro = pull(data, "train_batch");
+    const auto micro = pull(data, "train_batch", micro_batches());
     clear_grads();
     auto step = make_step(train_schedule_, micro, true);
     step.on_step_op = [this](schedule::Op op, const runtime::StageStepResult& so_far) { on_step_op(op, so_far); };
@@ -275,13 +270,24 @@ double PipelineEngine::train_batch(DataIterator& data) {
   return last_.loss;
 }
 
-EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs) {
+EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs, int micro_batches) {
+  const int m = micro_batches > 0 ? micro_batches : this->micro_batches();
+  auto found = eval_schedules_.find(m);
+  if (found == eval_schedules_.end()) {
+    const auto& layout = train_schedule_.layout;
+    found = eval_schedules_
+                .emplace(m, schedule::generate(schedule::ScheduleOptions(schedule::ScheduleKind::inference,
+                                                                         topology_.stages(), m)
+                                                   .chunks(layout.num_chunks())
+                                                   .layout(layout.kind())))
+                .first;
+  }
   for (auto& c : chunks_) c->train(false);
   EvalResult out;
   runtime::StageStepResult result;
   try {
-    const auto micro = pull(data, "eval_batch");
-    auto step = make_step(eval_schedule_, micro, false);
+    const auto micro = pull(data, "eval_batch", m);
+    auto step = make_step(found->second, micro, false);
     step.keep_outputs = return_outputs;
     torch::NoGradGuard no_grad;
     result = runtime::run_stage_step(step);

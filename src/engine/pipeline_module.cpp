@@ -1,14 +1,12 @@
 // Cutting a layer list into stages and building a stage's layers reproducibly.
 #include "pipetrain/engine/pipeline_module.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
-#include <mutex>
 #include <numeric>
 
 #include "pipetrain/error.h"
 #include "pipetrain/partition/balance.h"
 #include "pipetrain/partition/min_max.h"
+#include "pipetrain/runtime/rng.h"
 
 namespace pipetrain {
 
@@ -59,11 +57,16 @@ std::vector<int64_t> partition_layers(const std::vector<LayerSpec>& layers,
   if (method == "uniform") return balance_uniform(n, parts);
   std::vector<double> costs;
   if (method == "parameters") {
-    costs = parameter_costs(layers);
+    {
+      // Counting builds every layer once: keep its draws off the generator other threads use.
+      runtime::SeededScope scope(0);
+      costs = parameter_costs(layers);
+    }
     // Parameter-free layers (activations) still cost something; without this, a stage could
     // end up with all of them and none of the work the count stands for.
     for (auto& c : costs) c += 1.0;
   } else if (method.rfind("type:", 0) == 0) {
+    runtime::SeededScope scope(0);  // a spec without a type is built to read its class name
     costs = type_costs(layers, method.substr(5));
   } else {
     throw ConfigError("pipeline.partition_method \"" + method +
@@ -78,29 +81,15 @@ std::vector<int64_t> part_offsets(const std::vector<int64_t>& balance) {
   return offsets;
 }
 
+uint64_t layer_seed(uint64_t seed, int64_t layer) {
+  // Distinct and stable per (seed, layer); the examples' reference trainer uses the same.
+  return seed * 1000003ULL + static_cast<uint64_t>(layer);
+}
+
 BuiltLayers build_seeded_layers(const std::vector<LayerSpec>& layers, int64_t begin, int64_t end,
                                 uint64_t seed) {
-  static std::mutex build_mutex;
-  std::lock_guard<std::mutex> lock(build_mutex);
-  auto gen = at::detail::getDefaultCPUGenerator();
-  at::Tensor saved;
-  {
-    std::lock_guard<std::mutex> gen_lock(gen.mutex());
-    saved = gen.get_state();
-  }
-  auto seed_layer = [&](int64_t i) {
-    std::lock_guard<std::mutex> gen_lock(gen.mutex());
-    gen.set_current_seed(seed + static_cast<uint64_t>(i));
-  };
-  struct Restore {
-    at::Generator& gen;
-    at::Tensor& state;
-    ~Restore() {
-      std::lock_guard<std::mutex> gen_lock(gen.mutex());
-      gen.set_state(state);
-    }
-  } restore{gen, saved};
-  return build_layers(layers, begin, end, seed_layer);
+  runtime::SeededScope scope(seed);
+  return build_layers(layers, begin, end, [seed](int64_t i) { torch::manual_seed(layer_seed(seed, i)); });
 }
 
 }  // namespace pipetrain

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "pipetrain/batch/data_iterator.h"
 #include "pipetrain/engine/pipeline_module.h"
 
 namespace pipetrain::testing {

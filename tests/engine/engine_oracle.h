@@ -8,11 +8,13 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "pipetrain/comm/inprocess.h"
+#include "pipetrain/error.h"
 #include "pipetrain/engine/optimizer.h"
 #include "pipetrain/engine/pipeline_engine.h"
 

@@ -16,6 +16,7 @@
 #include <array>
 #include <chrono>
 #include <memory>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -75,7 +76,9 @@ class PipelineEngine {
   // mean loss on every rank. DataError when the iterator runs out within the batch.
   double train_batch(DataIterator& data);
   // Forward only, on the inference schedule, without touching gradients or the optimizer.
-  EvalResult eval_batch(DataIterator& data, bool return_outputs = false);
+  // `micro_batches` (0: gradient_accumulation_steps) lets the last call of an evaluation
+  // set take what is left; every rank must pass the same count.
+  EvalResult eval_batch(DataIterator& data, bool return_outputs = false, int micro_batches = 0);
 
   // DeepSpeed's pipeline engine refuses these too: a step is one train_batch call.
   [[noreturn]] void forward();
@@ -124,7 +127,7 @@ class PipelineEngine {
   BubbleReport measure_bubble();
 
  private:
-  std::vector<MicroBatch> pull(DataIterator& data, const char* what);
+  std::vector<MicroBatch> pull(DataIterator& data, const char* what, int count);
   bool loads_data() const;
   void on_step_op(schedule::Op op, const runtime::StageStepResult& so_far);
   void reduce_tied_grads();
@@ -154,7 +157,7 @@ class PipelineEngine {
   };
   std::vector<Tied> tied_;
   schedule::Schedule train_schedule_;
-  schedule::Schedule eval_schedule_;
+  std::map<int, schedule::Schedule> eval_schedules_;  // by micro-batch count
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   double base_lr_ = 0;
   int64_t global_steps_ = 0;

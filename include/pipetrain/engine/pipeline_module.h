@@ -37,8 +37,11 @@ std::vector<int64_t> partition_layers(const std::vector<LayerSpec>& layers,
 // First layer index of each part, plus the layer count at the end.
 std::vector<int64_t> part_offsets(const std::vector<int64_t>& balance);
 
+// The generator seed of layer `layer` in a model seeded with `seed`.
+uint64_t layer_seed(uint64_t seed, int64_t layer);
+
 // Builds layers [begin, end) so that layer i's initial weights depend only on (seed, i), not
-// on which stage builds it: the generator is seeded with seed + i before layer i. Holds a
+// on which stage builds it: the generator is seeded with layer_seed(seed, i) before layer i. Holds a
 // process-wide lock and puts the generator back afterwards, so ranks that are threads of one
 // process (tests) can build at the same time.
 BuiltLayers build_seeded_layers(const std::vector<LayerSpec>& layers, int64_t begin, int64_t end,
