@@ -1,0 +1,152 @@
+// GPipe on the standard workload "mlp" (shared/bench/WORKLOADS.md) against the plain model in
+// the same run: samples/s, GFLOP/s, the ratio to the plain model, and the bytes of activations
+// each checkpoint mode keeps for backward (counted by runtime::AllocationCounter: real storage
+// left alive by the forward pass, minus the output).
+//
+// Run (fresh processes, quote medians):
+//   for r in 1 2 3 4 5; do build/bench/gpipe_bench; done
+// Threads: the plain model runs with every core and with 1 thread (the single-thread
+// baseline); GPipe gives each of its 2 workers cores / 2 OpenMP threads for the pipelined
+// forward, and the calling thread, where LibTorch's autograd runs CPU backward, cores / 2 too.
+// x_plain is samples/s over the faster of the two plain runs of the same process.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "pipetrain/engine/gpipe.h"
+#include "pipetrain/runtime/allocation_counter.h"
+#include "pipetrain/util/blas.h"
+
+namespace {
+
+constexpr int kWarmup = 3;
+constexpr int kSteps = 20;
+constexpr int64_t kRows = 256;
+constexpr double kFlopsPerStep = 47.0 * 536870912.0;  // 25.23 GFLOP
+
+struct Workload {
+  torch::nn::Sequential model;
+  torch::Tensor x, y;
+};
+
+// Workload "mlp", exactly in the definition's order; aborts if the check values differ.
+Workload make_mlp() {
+  torch::manual_seed(0);
+  Workload w;
+  for (int i = 0; i < 16; ++i) {
+    w.model->push_back(torch::nn::Linear(1024, 1024));
+    w.model->push_back(torch::nn::ReLU());
+  }
+  w.x = torch::randn({kRows, 1024});
+  w.y = torch::randn({kRows, 1024});
+  auto near = [](const torch::Tensor& t, double v) {
+    return std::abs(t.sum().item<double>() - v) < 1e-3 * std::max(1.0, std::abs(v));
+  };
+  auto lin0 = w.model[0]->as<torch::nn::Linear>();
+  auto lin30 = w.model[30]->as<torch::nn::Linear>();
+  if (!near(lin0->weight, 14.062727) || !near(lin0->bias, -0.772785) ||
+      !near(lin30->weight, -7.232272) || !near(w.x, 684.116211) || !near(w.y, -253.066254)) {
+    std::fprintf(stderr, "workload mlp: check values differ from WORKLOADS.md\n");
+    std::abort();
+  }
+  return w;
+}
+
+template <typename Forward>
+void run_steps(benchmark::State& state, torch::nn::Module& params, Forward&& forward,
+               const Workload& w) {
+  torch::optim::SGD sgd(params.parameters(), torch::optim::SGDOptions(0.01));
+  auto step = [&] {
+    sgd.zero_grad();
+    torch::Tensor loss = torch::mse_loss(forward(w.x), w.y);
+    loss.backward();
+    sgd.step();
+    return loss;
+  };
+  const double first_loss = step().template item<double>();
+  if (std::abs(first_loss - 0.99567413) > 1e-5) {
+    state.SkipWithError("first-step loss differs from WORKLOADS.md (0.99567413)");
+    return;
+  }
+  for (int k = 1; k < kWarmup; ++k) step();
+  for (auto _ : state) step();
+  state.counters["samples/s"] =
+      benchmark::Counter(static_cast<double>(kRows), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(kFlopsPerStep / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Bytes the forward leaves alive for backward: live storage after forward, minus the output.
+template <typename Forward>
+double saved_bytes(Forward&& forward, const torch::Tensor& x) {
+  pipetrain::runtime::AllocationCounter counter;
+  torch::Tensor out = forward(x);
+  return static_cast<double>(counter.live_bytes() - static_cast<int64_t>(out.nbytes()));
+}
+
+void BM_Plain(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  at::set_num_threads(threads);
+  Workload w = make_mlp();
+  auto forward = [&](const torch::Tensor& x) { return w.model->forward(x); };
+  run_steps(state, *w.model, forward, w);
+  state.counters["saved_MiB"] = saved_bytes(forward, w.x) / (1 << 20);
+  state.counters["threads"] = threads;
+}
+
+void BM_GPipe(benchmark::State& state) {
+  const auto mode = static_cast<pipetrain::Checkpoint>(state.range(0));
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  at::set_num_threads(std::max(1, cores / 2));
+  Workload w = make_mlp();
+  pipetrain::GPipe gpipe(w.model, pipetrain::GPipeOptions({16, 16})
+                                      .chunks(8)
+                                      .checkpoint(mode)
+                                      .intra_op_threads(std::max(1, cores / 2)));
+  auto forward = [&](const torch::Tensor& x) { return gpipe->forward(x); };
+  run_steps(state, *gpipe, forward, w);
+  state.counters["saved_MiB"] = saved_bytes(forward, w.x) / (1 << 20);
+  state.SetLabel("checkpoint=" + pipetrain::to_string(mode));
+}
+
+// Adds x_plain: samples/s divided by the best plain run's in the same process (counters arrive
+// here already turned into rates).
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> copy = runs;
+    for (auto& run : copy) {
+      auto it = run.counters.find("samples/s");
+      if (it == run.counters.end()) continue;
+      if (run.run_name.function_name == "BM_Plain") plain_ = std::max(plain_, it->second.value);
+      if (plain_ > 0) run.counters["x_plain"] = benchmark::Counter(it->second.value / plain_);
+    }
+    ConsoleReporter::ReportRuns(copy);
+  }
+
+ private:
+  double plain_ = 0;
+};
+
+BENCHMARK(BM_Plain)->Arg(static_cast<int64_t>(std::thread::hardware_concurrency()))->Arg(1)
+    ->Iterations(kSteps)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GPipe)
+    ->Arg(static_cast<int64_t>(pipetrain::Checkpoint::Never))
+    ->Arg(static_cast<int64_t>(pipetrain::Checkpoint::ExceptLast))
+    ->Arg(static_cast<int64_t>(pipetrain::Checkpoint::Always))
+    ->Iterations(kSteps)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("blas", pipetrain::util::describe_blas(pipetrain::util::blas_info()));
+  benchmark::AddCustomContext("workload", "mlp: 32 layers, balance [16,16], 8 micro-batches");
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}

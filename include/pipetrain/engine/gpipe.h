@@ -1,0 +1,123 @@
+// GPipe: a torch::nn::Sequential trained as a pipeline over devices, in one process
+// (torchgpipe's GPipe in C++).
+//
+//   auto model = torch::nn::Sequential(...);                 // 8 layers
+//   pipetrain::GPipe gpipe(model, pipetrain::GPipeOptions({4, 4}).chunks(8));
+//   auto out = gpipe->forward(x);                            // micro-batches, pipelined
+//   torch::mse_loss(out, y).backward();                      // gradients for every layer
+//
+// The model is split into partitions by `balance` (layers per partition), each placed on its
+// device and run by its own worker thread; a mini-batch is cut into `chunks` micro-batches that
+// flow through the partitions on the fill-drain clock (runtime/pipeline.h). Activation
+// checkpointing keeps only each partition's input for the micro-batches below the checkpoint
+// stop and recomputes the rest in backward (runtime/checkpoint.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pipetrain/batch/batch.h"
+#include "pipetrain/runtime/checkpoint.h"
+#include "pipetrain/runtime/deferred_batch_norm.h"
+#include "pipetrain/runtime/pipeline.h"
+#include "pipetrain/runtime/worker.h"
+
+namespace pipetrain {
+
+// Which micro-batches are checkpointed in training (in eval mode none are).
+enum class Checkpoint {
+  Always,      // every micro-batch
+  ExceptLast,  // all but the last (its backward starts at once, so recomputing it gains nothing)
+  Never,
+};
+
+std::string to_string(Checkpoint mode);
+
+struct GPipeOptions {
+  /*implicit*/ GPipeOptions(std::vector<int64_t> balance);  // NOLINT
+
+  // Layers per partition, in order; must sum to the number of layers. See
+  // partition/balance.h (balance_by_time, balance_by_size, balance_by_params) to compute one.
+  TORCH_ARG(std::vector<int64_t>, balance);
+  // Micro-batches per mini-batch (torch::chunk semantics: fewer when there are fewer rows).
+  TORCH_ARG(int64_t, chunks) = 1;
+  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::ExceptLast;
+  // One device per partition (extra devices are dropped). Empty: every CUDA device, or the
+  // CPU for every partition when there is no CUDA device.
+  TORCH_ARG(std::vector<torch::Device>, devices) = {};
+  // Replace BatchNorm layers by runtime::DeferredBatchNorm: running statistics once per
+  // mini-batch, equal to a BatchNorm's on the whole mini-batch.
+  TORCH_ARG(bool, deferred_batch_norm) = false;
+  // Replace torch::nn::Dropout layers by runtime::Dropout, which draws from the task's own
+  // generator: masks do not depend on thread timing and recomputation repeats them exactly.
+  TORCH_ARG(bool, convert_dropout) = true;
+  // OpenMP threads for each worker (ATen kernels, an OpenMP BLAS); 0 leaves the default.
+  TORCH_ARG(int64_t, intra_op_threads) = 0;
+};
+
+class GPipeImpl : public torch::nn::Module {
+ public:
+  GPipeImpl(const torch::nn::Sequential& module, const GPipeOptions& options);
+  ~GPipeImpl() override;
+
+  // The model on a mini-batch: scatter into micro-batches, pipeline, gather. An empty model
+  // returns its input.
+  torch::Tensor forward(const torch::Tensor& input);
+  // For models whose layers pass several tensors; non-floating ones (masks, ids) pass through
+  // without gradients.
+  std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& input);
+  Batch forward_batch(const Batch& input);
+
+  // The layers of the wrapped model: count, index (negative counts from the end), iteration.
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+  std::shared_ptr<torch::nn::Module> operator[](int64_t index) const;
+  std::vector<std::shared_ptr<torch::nn::Module>>::const_iterator begin() const {
+    return layers_.begin();
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>>::const_iterator end() const {
+    return layers_.end();
+  }
+
+  // One device per partition; the last is the output device (move targets there).
+  const std::vector<torch::Device>& devices() const { return devices_; }
+  const std::vector<int64_t>& balance() const { return options_.balance(); }
+  int64_t chunks() const { return options_.chunks(); }
+  Checkpoint checkpoint() const { return options_.checkpoint(); }
+  const GPipeOptions& options() const { return options_; }
+  int64_t num_partitions() const { return static_cast<int64_t>(stages_.size()); }
+  const torch::nn::Sequential& partition(int64_t j) const { return stages_.at(j).layers; }
+
+  // GPipe manages placement: moving it to a device throws DeviceError; a dtype cast is fine.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
+  void pretty_print(std::ostream& stream) const override;
+
+ private:
+  GPipeOptions options_;
+  std::vector<runtime::Stage> stages_;
+  std::vector<std::shared_ptr<torch::nn::Module>> layers_;
+  std::vector<torch::Device> devices_;
+  std::vector<std::shared_ptr<runtime::DeferredBatchNormImpl>> deferred_;
+  std::unique_ptr<runtime::WorkerPool> workers_;  // started at the first forward
+  std::mutex forward_mutex_;                      // one forward at a time
+};
+TORCH_MODULE(GPipe);
+
+// The checks GPipe runs on its model (ModuleError): no child twice, no parameter shared by two
+// distinct children.
+void verify_module(const torch::nn::Sequential& module);
+
+// Splits `module` into partitions by `balance` on `devices` (BalanceError, DeviceError);
+// devices beyond the partitions are dropped from `devices`.
+std::vector<runtime::Stage> split_module(const torch::nn::Sequential& module,
+                                         const std::vector<int64_t>& balance,
+                                         std::vector<torch::Device>& devices);
+
+}  // namespace pipetrain

@@ -1,0 +1,129 @@
+// GPipe: construction (checks, conversions, split), forward, and the module interface.
+#include "pipetrain/engine/gpipe.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "pipetrain/batch/microbatch.h"
+#include "pipetrain/error.h"
+#include "pipetrain/runtime/device.h"
+#include "pipetrain/runtime/dropout.h"
+
+namespace pipetrain {
+namespace {
+
+uint64_t draw_seed() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get<at::CPUGeneratorImpl>()->random64();
+}
+
+}  // namespace
+
+std::string to_string(Checkpoint mode) {
+  switch (mode) {
+    case Checkpoint::Always: return "always";
+    case Checkpoint::ExceptLast: return "except_last";
+    case Checkpoint::Never: return "never";
+  }
+  return "unknown";
+}
+
+GPipeOptions::GPipeOptions(std::vector<int64_t> balance) : balance_(std::move(balance)) {}
+
+GPipeImpl::GPipeImpl(const torch::nn::Sequential& module, const GPipeOptions& options)
+    : options_(options) {
+  if (options_.chunks() <= 0) {
+    throw ConfigError("the number of chunks must be a positive integer, got " +
+                      std::to_string(options_.chunks()) +
+                      "; use GPipeOptions::chunks(n) with n >= 1 micro-batches per mini-batch");
+  }
+  if (options_.intra_op_threads() < 0) {
+    throw ConfigError("intra_op_threads must be >= 0 (0 keeps the default), got " +
+                      std::to_string(options_.intra_op_threads()));
+  }
+  verify_module(module);
+  torch::nn::Sequential model = module;
+  if (options_.deferred_batch_norm()) model = runtime::convert_deferred_batch_norm(model);
+  if (options_.convert_dropout()) model = runtime::convert_dropout(model);
+
+  devices_ = options_.devices().empty()
+                 ? runtime::default_devices(static_cast<int64_t>(options_.balance().size()))
+                 : options_.devices();
+  stages_ = split_module(model, options_.balance(), devices_);
+
+  auto partitions = torch::nn::ModuleList();
+  for (const auto& stage : stages_) {
+    partitions->push_back(stage.layers);
+    for (const auto& layer : *stage.layers) layers_.push_back(layer.ptr());
+  }
+  register_module("partitions", partitions);
+  if (!module->is_training()) eval();
+  deferred_ = runtime::deferred_batch_norms(*this);
+}
+
+GPipeImpl::~GPipeImpl() = default;
+
+torch::Tensor GPipeImpl::forward(const torch::Tensor& input) {
+  return forward_batch(Batch(input)).tensor();
+}
+
+std::vector<torch::Tensor> GPipeImpl::forward(const std::vector<torch::Tensor>& input) {
+  return forward_batch(Batch::tuple(input)).tensors();
+}
+
+Batch GPipeImpl::forward_batch(const Batch& input) {
+  if (stages_.empty()) return input;  // an empty Sequential is the identity
+  std::lock_guard<std::mutex> lock(forward_mutex_);
+  std::vector<Batch> batches = scatter(input, options_.chunks());
+  const auto m = static_cast<int64_t>(batches.size());
+  int64_t checkpoint_stop = 0;
+  if (is_training()) {
+    switch (options_.checkpoint()) {
+      case Checkpoint::Always: checkpoint_stop = m; break;
+      case Checkpoint::ExceptLast: checkpoint_stop = m - 1; break;
+      case Checkpoint::Never: checkpoint_stop = 0; break;
+    }
+  }
+  if (!workers_) {
+    workers_ = std::make_unique<runtime::WorkerPool>(num_partitions(),
+                                                     options_.intra_op_threads());
+  }
+  try {
+    runtime::run_pipeline(stages_, batches, checkpoint_stop, draw_seed(), *workers_);
+  } catch (...) {
+    for (auto& bn : deferred_) bn->discard();
+    throw;
+  }
+  for (auto& bn : deferred_) bn->commit();
+  return gather(batches);
+}
+
+std::shared_ptr<torch::nn::Module> GPipeImpl::operator[](int64_t index) const {
+  const int64_t n = size();
+  TORCH_CHECK_INDEX(index >= -n && index < n, "GPipe layer index ", index,
+                    " is out of range for a model of ", n, " layers (valid: ", -n, " .. ", n - 1,
+                    ")");
+  return layers_[index < 0 ? index + n : index];
+}
+
+namespace {
+[[noreturn]] void moving_denied(torch::Device device) {
+  throw DeviceError("GPipe manages device placement (partition j lives on devices()[j]); moving "
+                    "it to " + device.str() + " is refused. Choose devices with "
+                    "GPipeOptions::devices when you build it; casting to a dtype is allowed");
+}
+}  // namespace
+
+void GPipeImpl::to(torch::Device device, torch::Dtype, bool) { moving_denied(device); }
+void GPipeImpl::to(torch::Device device, bool) { moving_denied(device); }
+void GPipeImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(dtype, non_blocking);
+}
+
+void GPipeImpl::pretty_print(std::ostream& stream) const {
+  stream << "pipetrain::GPipe(balance=[";
+  for (size_t j = 0; j < balance().size(); ++j) stream << (j ? ", " : "") << balance()[j];
+  stream << "], chunks=" << chunks() << ", checkpoint=" << to_string(checkpoint()) << ")";
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,54 @@
+// Worker threads: one long-lived thread per partition.
+#include "pipetrain/runtime/worker.h"
+
+#include <omp.h>
+
+#include "pipetrain/error.h"
+
+namespace pipetrain::runtime {
+
+WorkerPool::WorkerPool(int64_t workers, int64_t intra_op_threads)
+    : intra_op_threads_(intra_op_threads) {
+  for (int64_t j = 0; j < workers; ++j) queues_.push_back(std::make_unique<Queue>());
+  for (int64_t j = 0; j < workers; ++j) {
+    threads_.emplace_back([this, j] { loop(*queues_[j]); });
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  for (auto& q : queues_) {
+    std::lock_guard<std::mutex> lock(q->mutex);
+    q->closed = true;
+    q->ready.notify_all();
+  }
+  for (auto& t : threads_) t.join();
+}
+
+void WorkerPool::post(int64_t j, std::function<void()> job) {
+  if (j < 0 || j >= size()) {
+    throw UsageError("worker " + std::to_string(j) + " does not exist; the pool has " +
+                     std::to_string(size()) + " workers");
+  }
+  Queue& q = *queues_[j];
+  std::lock_guard<std::mutex> lock(q.mutex);
+  q.tasks.push_back(std::move(job));
+  q.ready.notify_one();
+}
+
+void WorkerPool::loop(Queue& queue) {
+  // Per-thread OpenMP setting: ATen's parallel regions and an OpenMP BLAS read it per call.
+  if (intra_op_threads_ > 0) omp_set_num_threads(static_cast<int>(intra_op_threads_));
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(queue.mutex);
+      queue.ready.wait(lock, [&] { return queue.closed || !queue.tasks.empty(); });
+      if (queue.tasks.empty()) return;  // closed and drained
+      job = std::move(queue.tasks.front());
+      queue.tasks.pop_front();
+    }
+    job();  // a packaged_task: exceptions land in its future
+  }
+}
+
+}  // namespace pipetrain::runtime
