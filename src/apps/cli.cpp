@@ -9,12 +9,14 @@
 
 namespace pipetrain::apps {
 
-void add_launch_command(CLI::App& app, int& exit_code);  // launch_command.cpp
+void add_launch_command(CLI::App& app, int& exit_code);     // launch_command.cpp
+void add_reference_command(CLI::App& app, int& exit_code);  // reference_command.cpp
 
 void add_all_commands(CLI::App& app, int& exit_code) {
   add_schedule_command(app, exit_code);
   add_simulate_command(app, exit_code);
   add_launch_command(app, exit_code);
+  add_reference_command(app, exit_code);
 }
 
 int run_cli(int argc, char** argv) {
