@@ -5,6 +5,7 @@
 #include "apps/schedule_commands.h"
 #include "pipetrain/error.h"
 #include "pipetrain/util/blas.h"
+#include "pipetrain/util/malloc_tuning.h"
 #include "pipetrain/version.h"
 
 namespace pipetrain::apps {
@@ -20,6 +21,7 @@ void add_all_commands(CLI::App& app, int& exit_code) {
 }
 
 int run_cli(int argc, char** argv) {
+  util::tune_malloc_for_training();  // before any tensor: see malloc_tuning.h
   CLI::App app{"pipetrain: pipeline-parallel training for LibTorch", "pipetrain"};
   app.require_subcommand(0, 1);
   bool version = false;

@@ -11,6 +11,7 @@
 #include "apps/examples/reference_trainer.h"
 #include "data_test_util.h"
 #include "pipetrain/error.h"
+#include "pipetrain/util/malloc_tuning.h"
 
 namespace pipetrain::examples {
 namespace {
@@ -31,7 +32,10 @@ bool have_fashion_mnist() {
 
 class Examples : public ::testing::Test {
  protected:
-  void SetUp() override { torch::set_num_threads(1); }
+  void SetUp() override {
+    torch::set_num_threads(1);
+    util::tune_malloc_for_training();
+  }
 };
 
 TEST_F(Examples, RegistryNamesAndErrors) {
