@@ -29,9 +29,10 @@ TEST(Fortunes, SplitsFilesOnPercentLinesAndSkipsIndexes) {
   std::ofstream(dir + "/b") << "second file\n%\nlast one\n";
   std::ofstream(dir + "/a") << "first\nfortune\n%\nanother\n%\n";
   std::ofstream(dir + "/a.dat") << "binary index";
+  std::ofstream(dir + "/c") << "_\bb_\bo\x1b[1mld\x7f\tend\n";
   const auto fortunes = read_fortunes(dir);
   EXPECT_EQ(fortunes, (std::vector<std::string>{"first\nfortune", "another", "second file",
-                                                "last one"}));
+                                                "last one", "bo[1mld\tend"}));
   const auto empty = pipetrain::testing::scratch_dir("fortunes_empty");
   EXPECT_THROW(read_fortunes(empty), DataError);
   try {

@@ -71,7 +71,19 @@ std::vector<std::string> read_fortunes(const std::string& dir_arg) {
     std::ifstream in(dir + "/" + name, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
-    split_fortunes(text.str(), fortunes);
+    // Old fortunes underline and embolden by overstriking ("_\bx", "x\bx") and carry other
+    // control bytes; a model would learn to print them. Keep the last character of an
+    // overstrike, newlines and tabs.
+    std::string clean;
+    for (const char c : text.str()) {
+      const auto b = static_cast<uint8_t>(c);
+      if (c == '\b') {
+        if (!clean.empty() && clean.back() != '\n') clean.pop_back();
+      } else if ((b >= 0x20 && b != 0x7f) || c == '\n' || c == '\t') {
+        clean.push_back(c);
+      }
+    }
+    split_fortunes(clean, fortunes);
   }
   if (fortunes.empty())
     throw DataError(fmt::format("no fortunes found in {} (looked for files without .dat/.u8); {}",

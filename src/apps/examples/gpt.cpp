@@ -73,7 +73,7 @@ Example make_gpt(const ExampleOptions& options) {
   ex.defaults.optimizer.betas = {0.9, 0.99};
   ex.defaults.optimizer.weight_decay = 0.01;
   ex.defaults.scheduler.type = "WarmupLR";
-  ex.defaults.scheduler.warmup_min_lr = 0.0;
+  ex.defaults.scheduler.warmup_min_lr = ex.defaults.optimizer.lr / 10;
   ex.defaults.scheduler.warmup_max_lr = ex.defaults.optimizer.lr;
   ex.defaults.scheduler.warmup_num_steps = 50;
   ex.defaults.gradient_clipping = 1.0;
