@@ -78,8 +78,9 @@ ReferenceResult train_reference(const Example& example, const EngineConfig& conf
         "the config's batch sizes (micro-batch {} x {} accumulation steps) differ from the "
         "example's data (micro-batch {} x {} micro-batches); pass them as example options",
         config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, B, M));
+  if (options.steps() < 0)
+    throw ConfigError(fmt::format("steps must be >= 1, got {}", options.steps()));
   const int64_t steps = options.steps() > 0 ? options.steps() : example.defaults.steps;
-  if (options.steps() < 0) throw ConfigError(fmt::format("steps must be >= 1, got {}", options.steps()));
   const int64_t log_every = options.log_every() > 0 ? options.log_every() : config.steps_per_print;
 
   BuiltLayers model = build_model(example, config.seed);
@@ -94,7 +95,7 @@ ReferenceResult train_reference(const Example& example, const EngineConfig& conf
   auto run_eval = [&](int64_t step) {
     const double value = evaluate(example, model).value();
     result.evals.push_back({step, value});
-    if (log) *log << fmt::format("eval  step {:>5}  {} {:.4f}\n", step, example.metric.name, value);
+    if (log) *log << fmt::format("eval  step {:>5}  {} {:.4f}\n", step, example.metric.name, value) << std::flush;
     return value;
   };
 
@@ -126,7 +127,8 @@ ReferenceResult train_reference(const Example& example, const EngineConfig& conf
     result.samples += M * B * D;
     if (log && ((step + 1) % log_every == 0 || step == 0 || step + 1 == steps))
       *log << fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  {:.0f} samples/s\n", step + 1,
-                          steps, result.losses.back(), lr, result.samples / train_seconds);
+                          steps, result.losses.back(), lr, result.samples / train_seconds)
+           << std::flush;  // progress, also when the output is a pipe
     if (options.eval_every() > 0 && (step + 1) % options.eval_every() == 0 && step + 1 < steps)
       run_eval(step + 1);
   }
