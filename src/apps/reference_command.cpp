@@ -99,30 +99,30 @@ void run_reference(const ReferenceArgs& a) {
   int64_t steps = steps_arg;
   if (epochs > 0) {
     if (ex.steps_per_epoch == 0)
-      throw ConfigError(fmt::format("--epochs: the {} example's data has no epochs; use --steps",
-                                    ex.name));
+      throw ConfigError(
+          fmt::format("--epochs: the {} example's data has no epochs; use --steps", ex.name));
     steps = epochs * ex.steps_per_epoch;
   }
 
   const auto blas = util::blas_info();
   std::cout << fmt::format("reference: example {} ({}), {} layers, 1 process, {} thread(s)\n",
                            ex.name, ex.description, ex.layers.size(), torch::get_num_threads())
-            << fmt::format("reference: {} replica(s) x {} micro-batches x {} rows per step, {} "
-                           "steps, optimizer {} lr {:g}\n",
-                           ex.replicas, ex.defaults.micro_batches, ex.defaults.micro_batch_size,
-                           steps > 0 ? steps : ex.defaults.steps, config.optimizer.type,
-                           config.optimizer.lr)
+            << fmt::format(
+                   "reference: {} replica(s) x {} micro-batches x {} rows per step, {} "
+                   "steps, optimizer {} lr {:g}\n",
+                   ex.replicas, ex.defaults.micro_batches, ex.defaults.micro_batch_size,
+                   steps > 0 ? steps : ex.defaults.steps, config.optimizer.type,
+                   config.optimizer.lr)
             << util::describe_blas(blas) << "\n";
   if (const auto warning = util::blas_warning(blas); !warning.empty()) std::cerr << warning << "\n";
 
-  const auto result = examples::train_reference(
-      ex, config,
-      examples::ReferenceOptions()
-          .steps(steps)
-          .eval_every(eval_every)
-          .log_every(log_every)
-          .sample_length(sample_length),
-      &std::cout);
+  const auto result = examples::train_reference(ex, config,
+                                                examples::ReferenceOptions()
+                                                    .steps(steps)
+                                                    .eval_every(eval_every)
+                                                    .log_every(log_every)
+                                                    .sample_length(sample_length),
+                                                &std::cout);
   if (!result.sample.empty()) std::cout << "sample:\n" << result.sample << "\n";
   std::cout << fmt::format(
       "final: loss {:.4f}, {} {:.4f}, {} steps, {} samples in {:.1f} s of training ({:.1f} s in "
@@ -153,19 +153,25 @@ void add_reference_command(CLI::App& app, int& exit_code) {
   auto opt = [&](const char* name, std::string& value, const char* type, const char* help) {
     command->add_option(name, value, help)->type_name(type)->expected(0, 1);
   };
-  opt("--example", a->example, "NAME", "cnn (default): Fashion-MNIST conv net; gpt: char-level GPT on fortunes; mlp: the benchmark workload");
+  opt("--example", a->example, "NAME",
+      "cnn (default): Fashion-MNIST conv net; gpt: char-level GPT on fortunes; mlp: the benchmark "
+      "workload");
   opt("--steps", a->steps, "N", "optimizer steps (default: the example's)");
   opt("--epochs", a->epochs, "E", "passes over the training set instead of --steps (cnn)");
   opt("--micro-batches", a->micro_batches, "M", "micro-batches per step (gradient accumulation)");
   opt("--micro-batch-size", a->micro_batch_size, "B", "rows per micro-batch");
-  opt("--replicas", a->replicas, "D", "data-parallel replicas simulated in this process (default 1)");
-  opt("--config", a->config, "FILE", "engine JSON config; its keys override the example's defaults");
+  opt("--replicas", a->replicas, "D",
+      "data-parallel replicas simulated in this process (default 1)");
+  opt("--config", a->config, "FILE",
+      "engine JSON config; its keys override the example's defaults");
   opt("--lr", a->lr, "LR", "learning rate");
   opt("--seed", a->seed, "S", "seed of the weights and the data order (default 1234)");
   opt("--eval-every", a->eval_every, "K", "also evaluate every K steps");
-  opt("--log-every", a->log_every, "K", "print the loss every K steps (default: steps_per_print, 10)");
+  opt("--log-every", a->log_every, "K",
+      "print the loss every K steps (default: steps_per_print, 10)");
   opt("--eval-samples", a->eval_samples, "N", "evaluate on the first N samples (windows for gpt)");
-  opt("--sample-length", a->sample_length, "N", "characters of generated text at the end (gpt; 0: none)");
+  opt("--sample-length", a->sample_length, "N",
+      "characters of generated text at the end (gpt; 0: none)");
   opt("--threads", a->threads, "T", "intra-op threads (default: LibTorch's)");
   opt("--data-dir", a->data_dir, "DIR", "the data set's directory (default: the Debian package's)");
   command->allow_extras();

@@ -25,11 +25,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
   if (c.type == "SGD") {
     check(!c.nesterov || c.momentum > 0,
           "nesterov needs momentum > 0; set \"momentum\" (e.g. 0.9) or drop \"nesterov\"");
-    return std::make_unique<torch::optim::SGD>(
-        std::move(params), torch::optim::SGDOptions(c.lr)
-                               .momentum(c.momentum)
-                               .weight_decay(c.weight_decay)
-                               .nesterov(c.nesterov));
+    return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(c.lr)
+                                                                      .momentum(c.momentum)
+                                                                      .weight_decay(c.weight_decay)
+                                                                      .nesterov(c.nesterov));
   }
   if (c.type == "Adam" || c.type == "AdamW") {
     for (const double b : c.betas)

@@ -34,7 +34,8 @@ inline std::vector<uint8_t> idx_bytes(uint8_t type, const std::vector<uint32_t>&
 
 inline void write_raw(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 inline void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {

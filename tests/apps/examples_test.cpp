@@ -1,6 +1,4 @@
 // The examples: registry, layer specs and their shapes, data, tied embedding, a few steps.
-#include "apps/examples/example.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,6 +6,7 @@
 #include <set>
 
 #include "apps/data/fashion_mnist.h"
+#include "apps/examples/example.h"
 #include "apps/examples/reference_trainer.h"
 #include "data_test_util.h"
 #include "pipetrain/error.h"
@@ -127,7 +126,8 @@ TEST_F(Examples, GptShapesAndTiedEmbedding) {
   // The gradient of the shared weight gets contributions from both uses.
   ex.loss(Batch(logits), mb.labels).backward();
   const auto grad = weight.grad().clone();
-  const auto used = torch::zeros({weight.size(0)}, torch::kBool).index_put_({mb.inputs.tensor().view(-1)}, true);
+  const auto used =
+      torch::zeros({weight.size(0)}, torch::kBool).index_put_({mb.inputs.tensor().view(-1)}, true);
   EXPECT_GT(grad.index({~used}).abs().sum().item<double>(), 0)  // only via the output projection
       << "rows of tokens absent from the input got no gradient";
 
@@ -144,10 +144,11 @@ TEST_F(Examples, GptLossFallsAndSamples) {
   config.scheduler.type = "";
   config.optimizer.lr = 3e-3;
   BuiltLayers model;
-  const auto r = train_reference(ex, config, ReferenceOptions().steps(30).sample_length(40),
-                                 nullptr, &model);
-  EXPECT_NEAR(r.losses[0], std::log(static_cast<double>(
-                               model.modules.front().get<torch::nn::Embedding>()->weight.size(0))),
+  const auto r =
+      train_reference(ex, config, ReferenceOptions().steps(30).sample_length(40), nullptr, &model);
+  EXPECT_NEAR(r.losses[0],
+              std::log(static_cast<double>(
+                  model.modules.front().get<torch::nn::Embedding>()->weight.size(0))),
               0.3);
   EXPECT_LT(r.losses.back(), r.losses[0] - 1.0);
   EXPECT_EQ(r.metric_name, "val_loss");
@@ -173,7 +174,8 @@ TEST_F(Examples, MlpShapesIteratorAndConfig) {
 
   // Layer weights do not depend on the seeding (WORKLOADS.md's weights on every stage).
   BuiltLayers tail = build_layers(ex.layers, 30, 32, [](int64_t) { torch::manual_seed(77); });
-  EXPECT_NEAR(tail.modules[0].get<torch::nn::Linear>()->weight.sum().item<double>(), -7.232272, 1e-4);
+  EXPECT_NEAR(tail.modules[0].get<torch::nn::Linear>()->weight.sum().item<double>(), -7.232272,
+              1e-4);
   EXPECT_EQ(tail.forward(ex.train_micro_batch(0, 0, 0).inputs).tensor().sizes(),
             (std::vector<int64_t>{32, 1024}));
 
@@ -181,6 +183,24 @@ TEST_F(Examples, MlpShapesIteratorAndConfig) {
   int count = 0;
   while (it->next()) ++count;
   EXPECT_EQ(count, 16);
+}
+
+TEST_F(Examples, ReplicasAccumulateLikeOneLargerStep) {
+  // mlp: 2 replicas x 4 micro-batches take the same 8 slices of 32 rows as 1 x 8, so the
+  // reference trainer's replica accumulation (the engine's all-reduce mean) gives the same run.
+  const Example one = make_example("mlp");
+  const Example two = make_example("mlp", ExampleOptions().replicas(2).micro_batches(4));
+  EXPECT_TRUE(torch::equal(two.train_micro_batch(0, 1, 0).inputs.tensor(),
+                           one.train_micro_batch(0, 0, 4).inputs.tensor()));
+  EngineConfig config = one.engine_config();
+  config.optimizer.lr = 5.0;  // large enough for the loss to move visibly
+  EngineConfig config_two = two.engine_config();
+  config_two.optimizer = config.optimizer;
+  const auto a = train_reference(one, config, ReferenceOptions().steps(3).evaluate(false));
+  const auto b = train_reference(two, config_two, ReferenceOptions().steps(3).evaluate(false));
+  EXPECT_EQ(b.samples, a.samples);
+  EXPECT_LT(a.losses[2], a.losses[0] - 1e-4);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-6) << "step " << i;
 }
 
 TEST_F(Examples, ConfigFileKeysOverrideTheDefaults) {
@@ -193,7 +213,8 @@ TEST_F(Examples, ConfigFileKeysOverrideTheDefaults) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.5);
   EXPECT_EQ(c.seed, 9u);
   EXPECT_EQ(c.gradient_accumulation_steps, 8);  // kept from the example
-  std::ofstream(dir + "/b.json") << R"({"train_micro_batch_size_per_gpu": 16, "train_batch_size": 256})";
+  std::ofstream(dir + "/b.json")
+      << R"({"train_micro_batch_size_per_gpu": 16, "train_batch_size": 256})";
   const EngineConfig b = example_config(ex, dir + "/b.json");
   EXPECT_EQ(b.gradient_accumulation_steps, 16);
   // The trainer refuses batch sizes the example's data was not made for.

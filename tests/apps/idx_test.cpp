@@ -11,11 +11,11 @@
 namespace pipetrain::data {
 namespace {
 
-using ::testing::HasSubstr;
 using pipetrain::testing::idx_bytes;
 using pipetrain::testing::scratch_dir;
 using pipetrain::testing::write_gz;
 using pipetrain::testing::write_raw;
+using ::testing::HasSubstr;
 
 // The DataError message of `fn`, or "" when it does not throw one.
 template <typename Fn>
@@ -63,7 +63,8 @@ TEST(Idx, RejectsMalformedFiles) {
       {"type", idx_bytes(0x0D, {1}, {0, 0, 0, 0}), "element type 0x0d"},
       {"rank", {0, 0, 8, 0}, "rank 0"},
       {"dims", {0, 0, 8, 2, 0, 0, 0, 1}, "ends before its 2 dimension sizes"},
-      {"truncated", idx_bytes(0x08, {4, 4}, {1, 2, 3}), "announces 16 data bytes, the file holds 3"},
+      {"truncated", idx_bytes(0x08, {4, 4}, {1, 2, 3}),
+       "announces 16 data bytes, the file holds 3"},
       {"trailing", with_trailing, "trailing bytes"},
   };
   for (const auto& c : cases) {
@@ -117,17 +118,22 @@ TEST(FashionMnist, LoadsNormalisedImagesAndInt64Labels) {
   EXPECT_EQ(set.images.dtype(), torch::kFloat32);
   EXPECT_EQ(set.labels.dtype(), torch::kInt64);
   EXPECT_TRUE(torch::equal(set.labels, torch::tensor({0, 9, 4}, torch::kInt64)));
-  EXPECT_NEAR(set.images[0][0][0][1].item<float>(), (1 / 255.0 - kFashionMnistMean) / kFashionMnistStd,
-              1e-6);
+  EXPECT_NEAR(set.images[0][0][0][1].item<float>(),
+              (1 / 255.0 - kFashionMnistMean) / kFashionMnistStd, 1e-6);
 }
 
 TEST(FashionMnist, RejectsShapesAndLabelsThatDoNotFit) {
-  EXPECT_THAT(data_error([] { load_fashion_mnist(Split::kTrain, fake_fashion_mnist("fm_n", 3, {0, 1})); }),
+  EXPECT_THAT(data_error([] {
+                load_fashion_mnist(Split::kTrain, fake_fashion_mnist("fm_n", 3, {0, 1}));
+              }),
               HasSubstr("2 labels for the 3 images"));
-  EXPECT_THAT(data_error([] { load_fashion_mnist(Split::kTrain, fake_fashion_mnist("fm_l", 2, {0, 10})); }),
+  EXPECT_THAT(data_error([] {
+                load_fashion_mnist(Split::kTrain, fake_fashion_mnist("fm_l", 2, {0, 10}));
+              }),
               HasSubstr("label 10 of sample 1"));
-  EXPECT_THAT(data_error([] { load_fashion_mnist(Split::kTrain, fake_fashion_mnist("fm_s", 1, {0}, 27)); }),
-              HasSubstr("[N, 28, 28]"));
+  EXPECT_THAT(
+      data_error([] { load_fashion_mnist(Split::kTrain, fake_fashion_mnist("fm_s", 1, {0}, 27)); }),
+      HasSubstr("[N, 28, 28]"));
 }
 
 TEST(FashionMnist, MissingDirectoryPointsAtTheInstallScript) {

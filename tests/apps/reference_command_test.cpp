@@ -32,7 +32,8 @@ CliRun run(std::vector<std::string> args) {
 std::string last_line(const std::string& text) {
   const auto end = text.find_last_not_of('\n');
   const auto begin = text.rfind('\n', end);
-  return text.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end - (begin == std::string::npos ? 0 : begin + 1) + 1);
 }
 
 TEST(ReferenceCommand, BadArgumentsGiveOneLineAndTheUsage) {
@@ -44,11 +45,13 @@ TEST(ReferenceCommand, BadArgumentsGiveOneLineAndTheUsage) {
       {{"--example", "resnet"}, "--example expects one of cnn, gpt, mlp, got 'resnet'"},
       {{"--example", "mlp", "--steps", "0"}, "--steps expects an integer >= 1, got '0'"},
       {{"--example", "mlp", "--steps", "two"}, "--steps expects an integer >= 1, got 'two'"},
-      {{"--example", "mlp", "--steps", "2", "--epochs", "1"}, "--steps and --epochs are alternatives"},
+      {{"--example", "mlp", "--steps", "2", "--epochs", "1"},
+       "--steps and --epochs are alternatives"},
       {{"--example", "mlp", "--epochs", "1"}, "--epochs: the mlp example's data has no epochs"},
       {{"--example", "mlp", "--lr", "-1"}, "--lr expects a number > 0, got '-1'"},
       {{"--example", "mlp", "--bogus"}, "unknown argument '--bogus'"},
-      {{"--example", "mlp", "--config", "/nonexistent.json"}, "cannot read config file /nonexistent.json"},
+      {{"--example", "mlp", "--config", "/nonexistent.json"},
+       "cannot read config file /nonexistent.json"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args{"reference"};

@@ -9,7 +9,8 @@ namespace pipetrain {
 namespace {
 
 // Two steps of `optimizer` on a fixed quadratic; returns the parameter afterwards.
-torch::Tensor two_steps(const std::function<std::unique_ptr<torch::optim::Optimizer>(torch::Tensor)>& make) {
+torch::Tensor two_steps(
+    const std::function<std::unique_ptr<torch::optim::Optimizer>(torch::Tensor)>& make) {
   auto p = torch::tensor({1.0, -2.0, 3.0}).requires_grad_(true);
   auto opt = make(p);
   for (int i = 0; i < 2; ++i) {
@@ -40,19 +41,19 @@ TEST(Optimizer, MatchesLibTorchForEachType) {
   adamw.lr = 0.05;
   adamw.betas = {0.8, 0.9};
   adamw.weight_decay = 0.1;
-  EXPECT_TRUE(torch::allclose(
-      two_steps([&](torch::Tensor p) { return make_optimizer(adamw, {p}); }),
-      two_steps([](torch::Tensor p) {
-        return std::make_unique<torch::optim::AdamW>(
-            std::vector<torch::Tensor>{p},
-            torch::optim::AdamWOptions(0.05).betas({0.8, 0.9}).weight_decay(0.1));
-      })));
+  EXPECT_TRUE(
+      torch::allclose(two_steps([&](torch::Tensor p) { return make_optimizer(adamw, {p}); }),
+                      two_steps([](torch::Tensor p) {
+                        return std::make_unique<torch::optim::AdamW>(
+                            std::vector<torch::Tensor>{p},
+                            torch::optim::AdamWOptions(0.05).betas({0.8, 0.9}).weight_decay(0.1));
+                      })));
 
   OptimizerConfig adam = adamw;
   adam.type = "Adam";
   const auto adam_result = two_steps([&](torch::Tensor p) { return make_optimizer(adam, {p}); });
-  EXPECT_FALSE(torch::allclose(adam_result,
-                               two_steps([&](torch::Tensor p) { return make_optimizer(adamw, {p}); })));
+  EXPECT_FALSE(torch::allclose(
+      adam_result, two_steps([&](torch::Tensor p) { return make_optimizer(adamw, {p}); })));
   for (const char* type : {"RMSprop", "Adagrad"}) {
     OptimizerConfig c;
     c.type = type;

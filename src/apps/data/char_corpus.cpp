@@ -21,7 +21,8 @@ constexpr const char* kFix =
     "--data-dir / PIPETRAIN_FORTUNES_DIR at a directory of fortune files";
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // A fortune file: fortunes separated by lines holding a single "%".
@@ -86,8 +87,8 @@ std::vector<std::string> read_fortunes(const std::string& dir_arg) {
     split_fortunes(clean, fortunes);
   }
   if (fortunes.empty())
-    throw DataError(fmt::format("no fortunes found in {} (looked for files without .dat/.u8); {}",
-                                dir, kFix));
+    throw DataError(
+        fmt::format("no fortunes found in {} (looked for files without .dat/.u8); {}", dir, kFix));
   return fortunes;
 }
 
@@ -108,9 +109,10 @@ torch::Tensor CharVocab::encode(const std::string& text) const {
   for (size_t i = 0; i < text.size(); ++i) {
     const int id = ids_[static_cast<uint8_t>(text[i])];
     if (id < 0)
-      throw DataError(fmt::format("byte 0x{:02x} at position {} is not in the {}-character "
-                                  "vocabulary; encode only text from the training corpus",
-                                  static_cast<uint8_t>(text[i]), i, size()));
+      throw DataError(
+          fmt::format("byte 0x{:02x} at position {} is not in the {}-character "
+                      "vocabulary; encode only text from the training corpus",
+                      static_cast<uint8_t>(text[i]), i, size()));
     out[i] = id;
   }
   return ids;
@@ -123,8 +125,8 @@ std::string CharVocab::decode(const torch::Tensor& ids) const {
   text.reserve(static_cast<size_t>(flat.numel()));
   for (int64_t i = 0; i < flat.numel(); ++i) {
     if (p[i] < 0 || p[i] >= size())
-      throw DataError(fmt::format("token id {} is outside the vocabulary of {} characters", p[i],
-                                  size()));
+      throw DataError(
+          fmt::format("token id {} is outside the vocabulary of {} characters", p[i], size()));
     text.push_back(chars_[static_cast<size_t>(p[i])]);
   }
   return text;
@@ -169,8 +171,8 @@ Windows consecutive_windows(const torch::Tensor& tokens, int64_t length, int64_t
   const int64_t total = count_windows(tokens, length);
   const int64_t end = std::min(first + batch, total);
   if (first < 0 || first >= end)
-    throw ConfigError(fmt::format("windows [{}, {}) are outside the {} windows of length {}",
-                                  first, first + batch, total, length));
+    throw ConfigError(fmt::format("windows [{}, {}) are outside the {} windows of length {}", first,
+                                  first + batch, total, length));
   const int64_t rows = end - first;
   const auto span = tokens.slice(0, first * length, end * length + 1);
   const auto inputs = span.slice(0, 0, rows * length).view({rows, length});

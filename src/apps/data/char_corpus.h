@@ -15,7 +15,8 @@ inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 // The fortunes of every plain text file in `dir` (or PIPETRAIN_FORTUNES_DIR, or
 // kFortunesDir), in file-name order, each without its "%" separator line. The ".dat" indexes
 // and ".u8" links are skipped; an overstrike ("_\bx") keeps its last character and other control
-// bytes than newline and tab are dropped. DataError naming the directory and the fix when there are none.
+// bytes than newline and tab are dropped. DataError naming the directory and the fix when there are
+// none.
 std::vector<std::string> read_fortunes(const std::string& dir = "");
 
 // The distinct bytes of a text, sorted; token id = position. Bytes, not code points: the few

@@ -51,24 +51,26 @@ ImageSet load_fashion_mnist(Split split, const std::string& dir) {
   const auto [image_path, label_path] = fashion_mnist_files(split, dir);
   const IdxArray images = read_idx(image_path, kFix);
   if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28)
-    fail(image_path, fmt::format("expected images of shape [N, 28, 28] (magic 0x00000803), got [{}]",
-                                 fmt::join(images.dims, ", ")));
+    fail(image_path,
+         fmt::format("expected images of shape [N, 28, 28] (magic 0x00000803), got [{}]",
+                     fmt::join(images.dims, ", ")));
   const IdxArray labels = read_idx(label_path, kFix);
   if (labels.dims.size() != 1)
     fail(label_path, fmt::format("expected labels of shape [N] (magic 0x00000801), got [{}]",
                                  fmt::join(labels.dims, ", ")));
   const int64_t n = images.dims[0];
   if (labels.dims[0] != n)
-    fail(label_path, fmt::format("{} labels for the {} images of {}", labels.dims[0], n, image_path));
+    fail(label_path,
+         fmt::format("{} labels for the {} images of {}", labels.dims[0], n, image_path));
   for (int64_t i = 0; i < n; ++i) {
     if (labels.data[i] >= kFashionMnistClasses)
-      fail(label_path, fmt::format("label {} of sample {} is not a class (0 to 9)",
-                                   int{labels.data[i]}, i));
+      fail(label_path,
+           fmt::format("label {} of sample {} is not a class (0 to 9)", int{labels.data[i]}, i));
   }
 
   ImageSet set;
-  auto bytes = torch::from_blob(const_cast<uint8_t*>(images.data.data()), {n, 1, 28, 28},
-                                torch::kUInt8);
+  auto bytes =
+      torch::from_blob(const_cast<uint8_t*>(images.data.data()), {n, 1, 28, 28}, torch::kUInt8);
   set.images = bytes.to(torch::kFloat32)
                    .div_(255.0)
                    .sub_(kFashionMnistMean)
@@ -80,8 +82,8 @@ ImageSet load_fashion_mnist(Split split, const std::string& dir) {
 }
 
 const std::array<const char*, 10>& fashion_mnist_classes() {
-  static const std::array<const char*, 10> names{"T-shirt/top", "Trouser", "Pullover", "Dress",
-                                                 "Coat",        "Sandal",  "Shirt",    "Sneaker",
+  static const std::array<const char*, 10> names{"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                                                 "Coat",        "Sandal",    "Shirt",    "Sneaker",
                                                  "Bag",         "Ankle boot"};
   return names;
 }

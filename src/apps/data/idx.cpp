@@ -27,7 +27,8 @@ class Reader {
  public:
   Reader(std::string path, std::string fix) : path_(std::move(path)), fix_(std::move(fix)) {
     struct stat st {};
-    if (::stat(path_.c_str(), &st) != 0) fail(fmt::format("cannot open it: {}", std::strerror(errno)));
+    if (::stat(path_.c_str(), &st) != 0)
+      fail(fmt::format("cannot open it: {}", std::strerror(errno)));
     if (!S_ISREG(st.st_mode)) fail("it is not a regular file");
     file_.reset(gzopen(path_.c_str(), "rb"));
     if (!file_) fail(fmt::format("cannot open it: {}", std::strerror(errno)));
@@ -87,9 +88,10 @@ IdxArray read_idx(const std::string& path, const std::string& fix) {
   const size_t got = reader.read(magic, 4);
   if (got < 4) reader.fail(fmt::format("the file is {} bytes long, too short for a header", got));
   if (magic[0] != 0 || magic[1] != 0)
-    reader.fail(fmt::format("bad magic number 0x{:02x}{:02x}{:02x}{:02x}, expected 0x0000TTRR "
-                            "(TT = type, RR = rank); is it an IDX file?",
-                            magic[0], magic[1], magic[2], magic[3]));
+    reader.fail(
+        fmt::format("bad magic number 0x{:02x}{:02x}{:02x}{:02x}, expected 0x0000TTRR "
+                    "(TT = type, RR = rank); is it an IDX file?",
+                    magic[0], magic[1], magic[2], magic[3]));
   if (magic[2] != kUnsignedByte)
     reader.fail(fmt::format("element type 0x{:02x} is not supported, expected 0x08 (unsigned byte)",
                             magic[2]));

@@ -7,7 +7,7 @@
 
 namespace pipetrain::data {
 
-inline constexpr int64_t kMlpLinears = 16;   // each followed by a ReLU: 32 layers
+inline constexpr int64_t kMlpLinears = 16;  // each followed by a ReLU: 32 layers
 inline constexpr int64_t kMlpWidth = 1024;
 inline constexpr int64_t kMlpRows = 256;
 inline constexpr int64_t kMlpMicroBatches = 8;

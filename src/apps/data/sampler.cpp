@@ -13,8 +13,7 @@ namespace pipetrain::data {
 ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t replicas, int64_t replica,
                                uint64_t seed, bool shuffle)
     : size_(dataset_size), replicas_(replicas), replica_(replica), seed_(seed), shuffle_(shuffle) {
-  if (replicas < 1)
-    throw ConfigError(fmt::format("data replicas must be >= 1, got {}", replicas));
+  if (replicas < 1) throw ConfigError(fmt::format("data replicas must be >= 1, got {}", replicas));
   if (replica < 0 || replica >= replicas)
     throw ConfigError(fmt::format("replica {} is outside the {} data replicas (0 to {})", replica,
                                   replicas, replicas - 1));

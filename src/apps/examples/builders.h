@@ -12,5 +12,4 @@ Example make_mlp(const ExampleOptions& options);
 // Overrides `defaults` with the non-zero fields of `options`; ConfigError for negative ones.
 void apply_options(const ExampleOptions& options, TrainDefaults& defaults);
 
-
 }  // namespace pipetrain::examples::detail

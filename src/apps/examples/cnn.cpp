@@ -22,7 +22,8 @@ class CnnData {
       : dir_(std::move(dir)), replicas_(replicas), seed_(seed) {}
 
   const data::ImageSet& train() {
-    std::call_once(train_once_, [&] { train_ = data::load_fashion_mnist(data::Split::kTrain, dir_); });
+    std::call_once(train_once_,
+                   [&] { train_ = data::load_fashion_mnist(data::Split::kTrain, dir_); });
     return train_;
   }
   const data::ImageSet& test() {
@@ -38,9 +39,9 @@ class CnnData {
       data::ShardedSampler sampler(train().size(), replicas_, replica, seed_);
       cached = {epoch, sampler.indices(epoch)};
     }
-    return torch::tensor(std::vector<int64_t>(cached.second.begin() + begin,
-                                              cached.second.begin() + begin + count),
-                         torch::kInt64);
+    return torch::tensor(
+        std::vector<int64_t>(cached.second.begin() + begin, cached.second.begin() + begin + count),
+        torch::kInt64);
   }
 
  private:
@@ -78,10 +79,17 @@ std::vector<LayerSpec> cnn_layers() {
                            [=] { return nn::AnyModule(nn::Linear(in, out)); });
   };
   return {
-      conv(1, 32),  norm(32), relu(), pool(),  // [B, 32, 14, 14]
-      conv(32, 64), norm(64), relu(), pool(),  // [B, 64, 7, 7]
+      conv(1, 32),
+      norm(32),
+      relu(),
+      pool(),  // [B, 32, 14, 14]
+      conv(32, 64),
+      norm(64),
+      relu(),
+      pool(),  // [B, 64, 7, 7]
       LayerSpec::make("Flatten", "Flatten", [] { return nn::AnyModule(nn::Flatten()); }),
-      linear(64 * 7 * 7, 128), relu(),
+      linear(64 * 7 * 7, 128),
+      relu(),
       linear(128, data::kFashionMnistClasses),  // logits [B, 10]
   };
 }
@@ -113,8 +121,8 @@ Example make_cnn(const ExampleOptions& options) {
   ex.steps_per_epoch = shard / per_step;
   ex.defaults.steps = 2 * ex.steps_per_epoch;
 
-  auto store = std::make_shared<CnnData>(data::fashion_mnist_dir(options.data_dir()),
-                                         ex.replicas, ex.seed);
+  auto store =
+      std::make_shared<CnnData>(data::fashion_mnist_dir(options.data_dir()), ex.replicas, ex.seed);
   const int64_t spe = ex.steps_per_epoch, mbs = ex.defaults.micro_batch_size,
                 micro_batches = ex.defaults.micro_batches, replicas = ex.replicas;
   ex.train_micro_batch = [=](int64_t step, int64_t replica, int64_t i) {
@@ -123,7 +131,8 @@ Example make_cnn(const ExampleOptions& options) {
           "no training micro-batch (step {}, replica {}, micro-batch {}) with {} replicas and {} "
           "micro-batches per step",
           step, replica, i, replicas, micro_batches));
-    const auto rows = store->indices(replica, step / spe, (step % spe) * mbs * micro_batches + i * mbs, mbs);
+    const auto rows =
+        store->indices(replica, step / spe, (step % spe) * mbs * micro_batches + i * mbs, mbs);
     const auto& train = store->train();
     return MicroBatch{train.images.index_select(0, rows), train.labels.index_select(0, rows)};
   };

@@ -14,13 +14,12 @@ std::unique_ptr<DataIterator> Example::train_iterator(int64_t replica, int64_t f
   const int64_t per_step = defaults.micro_batches;
   auto next = std::make_shared<int64_t>(0);
   auto data = train_micro_batch;
-  return std::make_unique<FunctionIterator>(
-      [=]() -> std::optional<MicroBatch> {
-        const int64_t i = (*next)++;
-        const int64_t step = first_step + i / per_step;
-        if (steps >= 0 && step >= first_step + steps) return std::nullopt;
-        return data(step, replica, i % per_step);
-      });
+  return std::make_unique<FunctionIterator>([=]() -> std::optional<MicroBatch> {
+    const int64_t i = (*next)++;
+    const int64_t step = first_step + i / per_step;
+    if (steps >= 0 && step >= first_step + steps) return std::nullopt;
+    return data(step, replica, i % per_step);
+  });
 }
 
 std::unique_ptr<DataIterator> Example::eval_iterator(int64_t replica) const {

@@ -33,9 +33,9 @@ struct ExampleOptions {
   TORCH_ARG(int64_t, micro_batch_size) = 0;  // rows per micro-batch
   TORCH_ARG(int64_t, micro_batches) = 0;     // micro-batches per step and replica
   TORCH_ARG(int64_t, eval_micro_batch_size) = 0;
-  TORCH_ARG(int64_t, eval_samples) = 0;      // evaluate on the first N samples only (tests)
-  TORCH_ARG(uint64_t, seed) = 1234;          // data order (and the engine config's seed)
-  TORCH_ARG(std::string, data_dir) = "";     // the data set's directory ("": the package's)
+  TORCH_ARG(int64_t, eval_samples) = 0;   // evaluate on the first N samples only (tests)
+  TORCH_ARG(uint64_t, seed) = 1234;       // data order (and the engine config's seed)
+  TORCH_ARG(std::string, data_dir) = "";  // the data set's directory ("": the package's)
 };
 
 // An evaluation metric accumulated over micro-batches (and replicas): value = sum / count.
@@ -71,10 +71,10 @@ struct TrainDefaults {
 
 // A prompt-free text sample from a model holding all layers (gpt only).
 struct SampleOptions {
-  TORCH_ARG(int64_t, length) = 300;     // characters to generate
+  TORCH_ARG(int64_t, length) = 300;      // characters to generate
   TORCH_ARG(double, temperature) = 0.8;  // 0: greedy
   TORCH_ARG(uint64_t, seed) = 0;
-  TORCH_ARG(std::string, prompt) = "";   // "": start from a blank line
+  TORCH_ARG(std::string, prompt) = "";  // "": start from a blank line
 };
 
 struct Example {
@@ -120,7 +120,7 @@ struct Example {
 // files check they exist here (DataError with the fix) but read them on first use.
 Example make_example(const std::string& name, const ExampleOptions& options = {});
 const std::vector<std::string>& example_names();  // {"cnn", "gpt", "mlp"}
-const char* default_example();                   // "cnn"
+const char* default_example();                    // "cnn"
 
 // The generator seed for layer `layer` of a model seeded with `seed`: the reference trainer
 // and the engine seed each layer's construction with it, so initial weights do not depend on

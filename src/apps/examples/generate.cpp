@@ -25,9 +25,9 @@ std::string generate_text(BuiltLayers& model, const data::CharVocab& vocab, int6
   std::string out;
   for (int64_t n = 0; n < options.length(); ++n) {
     const size_t begin = tokens.size() > static_cast<size_t>(context) ? tokens.size() - context : 0;
-    auto input = torch::tensor(std::vector<int64_t>(tokens.begin() + begin, tokens.end()),
-                               torch::kInt64)
-                     .unsqueeze(0);
+    auto input =
+        torch::tensor(std::vector<int64_t>(tokens.begin() + begin, tokens.end()), torch::kInt64)
+            .unsqueeze(0);
     const auto logits = model.forward(input).tensor()[0][-1].to(torch::kFloat64);
     int64_t next = 0;
     if (options.temperature() == 0) {

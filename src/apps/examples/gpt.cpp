@@ -31,11 +31,9 @@ std::vector<LayerSpec> gpt_layers(const GptConfig& c) {
   auto embedding = [c] { return nn::AnyModule(make_token_embedding(c)); };
   layers.push_back(LayerSpec::tied_layer(
       kEmbedKey, fmt::format("Embedding({}, {})", c.vocab, c.width), "Embedding", embedding));
-  layers.push_back(LayerSpec::make(fmt::format("PositionEmbedding({}, {})", c.context, c.width),
-                                   "PositionEmbedding", [c] {
-                                     return nn::AnyModule(
-                                         PositionEmbedding(c.context, c.width, c.init_std));
-                                   }));
+  layers.push_back(LayerSpec::make(
+      fmt::format("PositionEmbedding({}, {})", c.context, c.width), "PositionEmbedding",
+      [c] { return nn::AnyModule(PositionEmbedding(c.context, c.width, c.init_std)); }));
   for (int64_t i = 0; i < c.blocks; ++i)
     layers.push_back(LayerSpec::make(fmt::format("GptBlock({}, heads={})", c.width, c.heads),
                                      "GptBlock", [c] { return nn::AnyModule(GptBlock(c)); }));
@@ -93,18 +91,18 @@ Example make_gpt(const ExampleOptions& options) {
           "no training micro-batch (step {}, replica {}, micro-batch {}) with {} replicas and {} "
           "micro-batches per step",
           step, replica, i, replicas, micro_batches));
-    const uint64_t key = data::Rng::for_key({seed, static_cast<uint64_t>(step),
-                                             static_cast<uint64_t>(replica),
-                                             static_cast<uint64_t>(i)})
-                             .next();
+    const uint64_t key =
+        data::Rng::for_key({seed, static_cast<uint64_t>(step), static_cast<uint64_t>(replica),
+                            static_cast<uint64_t>(i)})
+            .next();
     auto w = data::random_windows(corpus->train, T, mbs, key);
     return MicroBatch{w.inputs, w.targets};
   };
 
   // Evaluation: the first windows of the validation text, split across replicas.
-  const int64_t windows = std::min(
-      data::count_windows(corpus->val, T),
-      options.eval_samples() > 0 ? options.eval_samples() : kDefaultEvalWindows);
+  const int64_t windows =
+      std::min(data::count_windows(corpus->val, T),
+               options.eval_samples() > 0 ? options.eval_samples() : kDefaultEvalWindows);
   const int64_t emb = ex.defaults.eval_micro_batch_size;
   auto shard_range = [=](int64_t replica) {
     return std::make_pair(windows * replica / replicas, windows * (replica + 1) / replicas);

@@ -31,9 +31,10 @@ PositionEmbeddingImpl::PositionEmbeddingImpl(int64_t context, int64_t width, dou
 torch::Tensor PositionEmbeddingImpl::forward(const torch::Tensor& x) {
   const int64_t t = x.size(-2);
   if (t > weight.size(0))
-    throw BatchError(fmt::format("a sequence of {} tokens is longer than the model's context of "
-                                 "{}; crop inputs to the last {} tokens",
-                                 t, weight.size(0), weight.size(0)));
+    throw BatchError(
+        fmt::format("a sequence of {} tokens is longer than the model's context of "
+                    "{}; crop inputs to the last {} tokens",
+                    t, weight.size(0), weight.size(0)));
   return x + weight.slice(0, 0, t);
 }
 
@@ -42,7 +43,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : heads(c.h
     throw ConfigError(fmt::format("width {} is not a multiple of the {} heads", c.width, c.heads));
   qkv = register_module("qkv", make_linear(c.width, 3 * c.width, c.init_std));
   // Residual projections scaled by 1/sqrt(2 x blocks), as GPT-2 does.
-  proj = register_module("proj", make_linear(c.width, c.width, c.init_std / std::sqrt(2.0 * c.blocks)));
+  proj = register_module("proj",
+                         make_linear(c.width, c.width, c.init_std / std::sqrt(2.0 * c.blocks)));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -64,8 +66,8 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) {
   attn = register_module("attn", CausalSelfAttention(c));
   ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({c.width})));
   fc = register_module("fc", make_linear(c.width, 4 * c.width, c.init_std));
-  fc_out = register_module("fc_out",
-                           make_linear(4 * c.width, c.width, c.init_std / std::sqrt(2.0 * c.blocks)));
+  fc_out = register_module(
+      "fc_out", make_linear(4 * c.width, c.width, c.init_std / std::sqrt(2.0 * c.blocks)));
 }
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& x) {

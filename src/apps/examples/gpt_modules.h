@@ -6,9 +6,9 @@
 namespace pipetrain::examples {
 
 struct GptConfig {
-  int64_t vocab = 0;      // from the corpus
-  int64_t context = 64;   // T: longest sequence (the position embedding's rows)
-  int64_t width = 128;    // d_model
+  int64_t vocab = 0;     // from the corpus
+  int64_t context = 64;  // T: longest sequence (the position embedding's rows)
+  int64_t width = 128;   // d_model
   int64_t heads = 4;
   int64_t blocks = 4;
   double init_std = 0.02;  // GPT-2's initialisation

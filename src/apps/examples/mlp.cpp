@@ -66,9 +66,8 @@ Example make_mlp(const ExampleOptions& options) {
   };
 
   // Evaluation: the loss on the whole fixed batch (replica 0 only, so sums are not doubled).
-  const int64_t rows = options.eval_samples() > 0
-                           ? std::min(options.eval_samples(), data::kMlpRows)
-                           : data::kMlpRows;
+  const int64_t rows = options.eval_samples() > 0 ? std::min(options.eval_samples(), data::kMlpRows)
+                                                  : data::kMlpRows;
   const int64_t emb = ex.defaults.eval_micro_batch_size;
   ex.eval_micro_batches = [=](int64_t replica) {
     return replica == 0 ? (rows + emb - 1) / emb : int64_t{0};

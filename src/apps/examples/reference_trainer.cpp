@@ -95,7 +95,9 @@ ReferenceResult train_reference(const Example& example, const EngineConfig& conf
   auto run_eval = [&](int64_t step) {
     const double value = evaluate(example, model).value();
     result.evals.push_back({step, value});
-    if (log) *log << fmt::format("eval  step {:>5}  {} {:.4f}\n", step, example.metric.name, value) << std::flush;
+    if (log)
+      *log << fmt::format("eval  step {:>5}  {} {:.4f}\n", step, example.metric.name, value)
+           << std::flush;
     return value;
   };
 
@@ -137,7 +139,8 @@ ReferenceResult train_reference(const Example& example, const EngineConfig& conf
   result.samples_per_second = train_seconds > 0 ? result.samples / train_seconds : 0;
   if (options.evaluate()) result.metric = run_eval(steps);
   if (example.sample && options.sample_length() > 0)
-    result.sample = example.sample(model, SampleOptions().length(options.sample_length()).seed(config.seed));
+    result.sample =
+        example.sample(model, SampleOptions().length(options.sample_length()).seed(config.seed));
   result.total_seconds = seconds_since(start);
   if (model_out) *model_out = std::move(model);
   return result;

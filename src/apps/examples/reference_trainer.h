@@ -33,11 +33,11 @@ struct ReferenceResult {
   std::string metric_name;
   double metric = 0;  // the final evaluation (NaN when it was not run)
   int64_t steps = 0;
-  int64_t samples = 0;          // rows trained on
-  double train_seconds = 0;     // training steps only, without evaluation
-  double total_seconds = 0;     // including data loading and evaluation
+  int64_t samples = 0;       // rows trained on
+  double train_seconds = 0;  // training steps only, without evaluation
+  double total_seconds = 0;  // including data loading and evaluation
   double samples_per_second = 0;
-  std::string sample;           // generated text (gpt)
+  std::string sample;  // generated text (gpt)
 };
 
 // The example's defaults overridden by the keys present in a JSON config file (the engine's
@@ -55,7 +55,7 @@ MetricSum evaluate(const Example& example, BuiltLayers& model);
 // example's batch sizes (ConfigError otherwise). Progress lines go to `log` (may be null).
 // NumericError when a loss is not finite.
 ReferenceResult train_reference(const Example& example, const EngineConfig& config,
-                                 const ReferenceOptions& options, std::ostream* log = nullptr,
-                                 BuiltLayers* model_out = nullptr);
+                                const ReferenceOptions& options, std::ostream* log = nullptr,
+                                BuiltLayers* model_out = nullptr);
 
 }  // namespace pipetrain::examples
