@@ -54,6 +54,7 @@ double parse_positive(const std::string& option, const std::string& text) {
 }
 
 void run_reference(const ReferenceArgs& a) {
+  if (a.example.empty()) throw ConfigError("--example needs a value: cnn, gpt or mlp");
   const auto& names = examples::example_names();
   if (std::find(names.begin(), names.end(), a.example) == names.end())
     throw ConfigError(fmt::format("--example expects one of {}, got '{}'", fmt::join(names, ", "),
@@ -179,7 +180,7 @@ void add_reference_command(CLI::App& app, int& exit_code) {
       "Examples:\n"
       "  pipetrain reference                                  # cnn, 2 epochs\n"
       "  pipetrain reference --example gpt --steps 200\n"
-      "  pipetrain reference --example mlp --steps 3 --micro-batches 8");
+      "  pipetrain reference --example mlp --steps 3 --micro-batches 8\n");
   command->callback([command, a, &exit_code] {
     exit_code = run_command("reference", kReferenceUsage, [&] {
       reject_extras(*command);
