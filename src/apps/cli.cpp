@@ -5,21 +5,27 @@
 #include "apps/schedule_commands.h"
 #include "pipetrain/error.h"
 #include "pipetrain/util/blas.h"
+#include "pipetrain/util/malloc_tuning.h"
 #include "pipetrain/version.h"
 
 namespace pipetrain::apps {
 
-void add_launch_command(CLI::App& app, int& exit_code);  // launch_command.cpp
-void add_bench_command(CLI::App& app, int& exit_code);   // bench/bench_command.cpp
+void add_launch_command(CLI::App& app, int& exit_code);     // launch_command.cpp
+void add_reference_command(CLI::App& app, int& exit_code);  // reference_command.cpp
+void add_bench_command(CLI::App& app, int& exit_code);      // bench/bench_command.cpp
+void add_train_command(CLI::App& app, int& exit_code);      // train/train_command.cpp
 
 void add_all_commands(CLI::App& app, int& exit_code) {
   add_schedule_command(app, exit_code);
   add_simulate_command(app, exit_code);
   add_launch_command(app, exit_code);
+  add_train_command(app, exit_code);
+  add_reference_command(app, exit_code);
   add_bench_command(app, exit_code);
 }
 
 int run_cli(int argc, char** argv) {
+  util::tune_malloc_for_training();  // before any tensor: see malloc_tuning.h
   CLI::App app{"pipetrain: pipeline-parallel training for LibTorch", "pipetrain"};
   app.require_subcommand(0, 1);
   bool version = false;

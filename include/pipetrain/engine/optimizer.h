@@ -1,4 +1,4 @@
-// Optimizers from the config's "optimizer" section, and setting their learning rate.
+// The optimizer an EngineConfig's "optimizer" section describes, over a list of parameters.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,13 +10,17 @@
 
 namespace pipetrain {
 
-// SGD (momentum, nesterov, weight decay), Adam, AdamW, RMSprop or Adagrad over `params`, with
-// the config's hyper-parameters. ConfigError for an unknown type.
+// SGD (momentum, dampening 0, weight decay, nesterov), Adam, AdamW (decoupled weight decay),
+// RMSprop (alpha, eps, momentum, weight decay) and Adagrad (eps, weight decay), with the
+// config's learning rate. ConfigError for an unknown type or values the optimizer rejects
+// (nesterov without momentum, a negative rate).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
                                                         std::vector<torch::Tensor> params);
 
-// Sets the learning rate of every parameter group (the LR scheduler's hook).
+// Sets the learning rate of every parameter group (for SchedulerConfig::lr_at each step).
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+// The learning rate of the first parameter group.
 double learning_rate(const torch::optim::Optimizer& optimizer);
 
 }  // namespace pipetrain

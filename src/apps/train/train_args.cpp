@@ -1,0 +1,59 @@
+// Command-line options of `pipetrain train`.
+#include "apps/train/train_args.h"
+
+#include <fmt/format.h>
+
+namespace pipetrain::apps {
+
+std::vector<std::string> TrainArgs::worker_arguments() const {
+  std::vector<std::string> a{"train", "--worker", "--example", example, "--replicas", std::to_string(replicas),
+                             "--run-dir", run_dir, "--sample-length", std::to_string(sample_length)};
+  auto add = [&](const char* flag, auto value, bool when) {
+    if (when) a.insert(a.end(), {flag, fmt::format("{}", value)});
+  };
+  add("--stages", stages, stages > 0);
+  add("--micro-batches", micro_batches, micro_batches > 0);
+  add("--micro-batch-size", micro_batch_size, micro_batch_size > 0);
+  add("--schedule", schedule, !schedule.empty());
+  add("--steps", steps, steps > 0);
+  add("--epochs", epochs, epochs > 0);
+  add("--config", config_file, !config_file.empty());
+  add("--eval-every", eval_every, eval_every > 0);
+  add("--eval-samples", eval_samples, eval_samples > 0);
+  add("--log-every", log_every, log_every > 0);
+  if (resume) a.push_back("--resume");
+  return a;
+}
+
+void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
+  sub.add_option("--example", args->example, "cnn (Fashion-MNIST, the default), gpt (char-level on fortunes) or mlp")
+      ->check(CLI::IsMember({"cnn", "gpt", "mlp"}))
+      ->capture_default_str();
+  sub.add_option("--stages", args->stages, "pipeline stages, one process each (default 2)")->check(CLI::PositiveNumber);
+  sub.add_option("--replicas", args->replicas, "data-parallel replicas (processes = stages x replicas)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub.add_option("--micro-batches", args->micro_batches, "micro-batches per step (gradient accumulation)")
+      ->check(CLI::PositiveNumber);
+  sub.add_option("--micro-batch-size", args->micro_batch_size, "rows per micro-batch")->check(CLI::PositiveNumber);
+  sub.add_option("--schedule", args->schedule, "1f1b (default), fill-drain, interleaved, zb-h1 or zb-v")
+      ->check(CLI::IsMember({"1f1b", "fill-drain", "interleaved", "zb-h1", "zb-v"}));
+  auto* steps = sub.add_option("--steps", args->steps, "optimizer steps to train")->check(CLI::PositiveNumber);
+  sub.add_option("--epochs", args->epochs, "passes over the training set (cnn)")
+      ->check(CLI::PositiveNumber)
+      ->excludes(steps);
+  sub.add_option("--config", args->config_file, "the engine's JSON config (DeepSpeed key names)")
+      ->check(CLI::ExistingFile);
+  sub.add_option("--run-dir", args->run_dir, "where metrics, plots, trace, checkpoint and summary go "
+                                             "(default runs/<example>-<time>)");
+  sub.add_flag("--resume", args->resume, "continue from the checkpoint in --run-dir (any stage count)");
+  sub.add_option("--eval-every", args->eval_every, "evaluate every K steps as well as at the end");
+  sub.add_option("--eval-samples", args->eval_samples, "evaluate on the first N samples only");
+  sub.add_option("--log-every", args->log_every, "steps between progress lines when not on a terminal");
+  sub.add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per process (0: cores / processes)");
+  sub.add_option("--time-limit", args->time_limit, "stop every process after this many seconds (0: none)");
+  sub.add_option("--sample-length", args->sample_length, "characters of generated text at the end (gpt)");
+  sub.add_flag("--worker", args->worker, "internal: run as one rank")->group("");
+}
+
+}  // namespace pipetrain::apps

@@ -1,0 +1,40 @@
+// The options of `pipetrain train`, shared by the launching process and its ranks.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pipetrain::apps {
+
+struct TrainArgs {
+  std::string example = "cnn";
+  int stages = 0;  // 0: the example's default (2)
+  int replicas = 1;
+  int micro_batches = 0;     // 0: the example's
+  int micro_batch_size = 0;  // 0: the example's
+  std::string schedule;      // "": the config's (1f1b)
+  int64_t steps = 0;         // 0: --epochs or the example's default
+  double epochs = 0;
+  std::string config_file;
+  std::string run_dir;
+  bool resume = false;
+  int64_t eval_every = 0;
+  int64_t eval_samples = 0;  // 0: the whole evaluation set
+  int64_t log_every = 0;     // 0: about 20 lines per run
+  int threads_per_rank = 0;
+  double time_limit = 0;
+  int sample_length = 300;
+  // Internal: this process is one rank.
+  bool worker = false;
+
+  // The arguments a rank gets (with --worker and the resolved run directory).
+  std::vector<std::string> worker_arguments() const;
+};
+
+void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args);
+
+}  // namespace pipetrain::apps

@@ -1,0 +1,238 @@
+// One rank of `pipetrain train`: the engine over the example, progress, evaluation, trace,
+// checkpoint and (on rank 0) the run directory's files.
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "apps/examples/example.h"
+#include "apps/examples/reference_trainer.h"
+#include "apps/train/progress.h"
+#include "apps/train/train_worker.h"
+#include "pipetrain/engine/layer_checkpoint.h"
+#include "pipetrain/engine/pipeline_engine.h"
+#include "pipetrain/error.h"
+#include "pipetrain/schedule/svg.h"
+#include "pipetrain/schedule/trace.h"
+
+namespace pipetrain::apps {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Remembers the labels the last stage pulls during evaluation, to score the outputs.
+class RecordingIterator final : public DataIterator {
+ public:
+  explicit RecordingIterator(DataIterator& inner) : inner_(inner) {}
+  std::optional<MicroBatch> next() override {
+    auto mb = inner_.next();
+    if (mb) labels.push_back(mb->labels);
+    return mb;
+  }
+  std::vector<Batch> labels;
+
+ private:
+  DataIterator& inner_;
+};
+
+struct Evaluation {
+  double metric = NAN;
+  double loss = NAN;
+};
+
+Evaluation evaluate(PipelineEngine& engine, const examples::Example& ex) {
+  const int64_t count = ex.eval_micro_batches(engine.replica());
+  auto it = ex.eval_iterator(engine.replica());
+  examples::MetricSum sum;
+  double loss_sum = 0;
+  int64_t calls = 0;
+  const int m = engine.micro_batches();
+  for (int64_t done = 0; done < count; done += m) {
+    const int n = static_cast<int>(std::min<int64_t>(m, count - done));
+    RecordingIterator rec(*it);
+    auto result = engine.eval_batch(rec, /*return_outputs=*/true, n);
+    loss_sum += result.loss;
+    ++calls;
+    for (size_t i = 0; i < result.outputs.size() && i < rec.labels.size(); ++i) {
+      sum += ex.metric.measure(result.outputs[i], rec.labels[i]);
+    }
+  }
+  // Only the ranks holding the last layers scored anything; every rank learns the total.
+  auto totals = torch::tensor({sum.sum, sum.count}, torch::kDouble);
+  std::vector<torch::Tensor> v{totals};
+  engine.communicator().world().all_reduce(v, comm::ReduceOp::Sum, "evaluation metric");
+  Evaluation e;
+  e.metric = totals[1].item<double>() > 0 ? totals[0].item<double>() / totals[1].item<double>() : NAN;
+  e.loss = calls > 0 ? loss_sum / static_cast<double>(calls) : NAN;
+  return e;
+}
+
+// Peak resident memory of every rank, in MiB, indexed by rank.
+std::vector<double> peak_memory_mb(PipelineEngine& engine) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto& comm = engine.communicator();
+  auto t = torch::zeros({comm.world_size()}, torch::kDouble);
+  t[comm.rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  std::vector<torch::Tensor> v{t};
+  comm.world().all_reduce(v, comm::ReduceOp::Sum, "peak memory");
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+int64_t total_steps(const TrainArgs& args, const examples::Example& ex) {
+  if (args.steps > 0) return args.steps;
+  if (args.epochs > 0) {
+    if (ex.steps_per_epoch <= 0) {
+      throw ConfigError("--epochs needs a data set with epochs; example \"" + ex.name + "\" has none, use --steps");
+    }
+    return std::max<int64_t>(1, static_cast<int64_t>(std::llround(args.epochs * static_cast<double>(ex.steps_per_epoch))));
+  }
+  return ex.defaults.steps;
+}
+
+}  // namespace
+
+examples::Example make_train_example(const TrainArgs& args) {
+  auto options = examples::ExampleOptions().replicas(args.replicas);
+  if (args.micro_batches > 0) options.micro_batches(args.micro_batches);
+  if (args.micro_batch_size > 0) options.micro_batch_size(args.micro_batch_size);
+  if (args.eval_samples > 0) options.eval_samples(args.eval_samples);
+  return examples::make_example(args.example, options);
+}
+
+EngineConfig make_train_config(const TrainArgs& args, const examples::Example& ex) {
+  auto config = examples::example_config(ex, args.config_file);
+  if (!args.schedule.empty()) config.pipeline.schedule = args.schedule;
+  const int stages = args.stages > 0 ? args.stages
+                     : config.pipeline.stages > 0 ? static_cast<int>(config.pipeline.stages)
+                                                  : static_cast<int>(ex.defaults.pipeline_stages);
+  config.pipeline.stages = stages;
+  if (config.steps_per_print <= 0) config.steps_per_print = 1000000;  // the progress bar reports instead
+  return config;
+}
+
+int run_train_worker(const TrainArgs& args) {
+  const double t_start = now_s();
+  const auto ex = make_train_example(args);
+  auto config = make_train_config(args, ex);
+  config.steps_per_print = 0;
+  auto comm = PipelineEngine::connect_from_env(config);
+  PipelineModule module{ex.layers, ex.loss, config.pipeline.stages};
+  PipelineEngine engine(std::move(module), config, comm);
+  const bool lead = comm->rank() == 0;
+  const fs::path run_dir(args.run_dir);
+  const auto checkpoint_dir = (run_dir / "checkpoint").string();
+
+  int64_t first = 0;
+  if (args.resume) {
+    first = load_checkpoint(engine, checkpoint_dir);
+    if (lead) std::cout << fmt::format("resumed from {} at step {}", checkpoint_dir, first) << std::endl;
+  }
+  const int64_t total = total_steps(args, ex);
+  const int64_t log_every = args.log_every > 0 ? args.log_every : std::max<int64_t>(1, total / 20);
+  Progress progress(std::cout, first, total, lead && ::isatty(STDOUT_FILENO), log_every);
+  std::ofstream metrics;
+  if (lead) metrics.open(run_dir / "metrics.jsonl", args.resume ? std::ios::app : std::ios::trunc);
+
+  double train_seconds = 0;
+  int64_t samples = 0;
+  double last_loss = NAN;
+  std::vector<json> evals;
+  auto run_eval = [&](int64_t step) {
+    const auto e = evaluate(engine, ex);
+    evals.push_back({{"step", step}, {ex.metric.name, e.metric}, {"eval_loss", e.loss}});
+    if (lead) {
+      progress.note(fmt::format("step {}: {} {:.4f}, eval loss {:.4f}", step, ex.metric.name, e.metric, e.loss));
+      metrics << json({{"step", step}, {"eval_" + ex.metric.name, e.metric}, {"eval_loss", e.loss}}).dump() << "\n";
+    }
+    return e;
+  };
+  for (int64_t step = first; step < total; ++step) {
+    auto it = ex.train_iterator(engine.replica(), step, 1);
+    const double t0 = now_s();
+    last_loss = engine.train_batch(*it);
+    const double dt = now_s() - t0;
+    train_seconds += dt;
+    samples += config.train_batch_size;
+    const double sps = static_cast<double>(config.train_batch_size) / dt;
+    if (lead) {
+      progress.update(step + 1, last_loss, sps);
+      metrics << json({{"step", step + 1}, {"loss", last_loss}, {"lr", engine.last_step().lr},
+                       {"samples_per_s", sps}, {"seconds", dt}})
+                     .dump()
+              << "\n";
+      metrics.flush();
+    }
+    if (args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < total) run_eval(step + 1);
+  }
+  progress.finish();
+
+  // The last step's timeline, measured, next to the simulator's prediction.
+  BubbleReport bubble;
+  std::vector<schedule::TimedEvent> events;
+  if (total > first) {
+    events = engine.gather_events();
+    bubble = engine.measure_bubble();
+  }
+  const auto final_eval = run_eval(total);
+  const auto memory = peak_memory_mb(engine);
+  save_checkpoint(engine, checkpoint_dir, json({{"example", ex.name}}).dump());
+
+  if (lead) {
+    if (!events.empty()) {
+      schedule::TraceOptions trace;
+      trace.microseconds_per_unit = 1e6;
+      trace.process_name = "pipetrain train " + ex.name;
+      std::ofstream(run_dir / "trace.json") << schedule::render_chrome_trace(events, trace);
+      schedule::SvgOptions svg;
+      svg.title = fmt::format("{} on {} stages, measured step {} (bubble {:.1f}%, simulated {:.1f}%)",
+                              schedule::kind_name(engine.train_schedule().kind), engine.num_stages(), total,
+                              100 * bubble.measured, 100 * bubble.simulated);
+      std::ofstream(run_dir / "timeline.svg") << schedule::render_svg(events, svg);
+    }
+    json per_rank = json::array();
+    for (int r = 0; r < comm->world_size(); ++r) {
+      per_rank.push_back({{"rank", r},
+                          {"stage", engine.topology().stage_of(r)},
+                          {"replica", engine.topology().replica_of(r)},
+                          {"peak_memory_mb", memory[static_cast<size_t>(r)]}});
+    }
+    json summary = {{"example", ex.name},
+                    {"stages", engine.num_stages()},
+                    {"replicas", engine.num_replicas()},
+                    {"micro_batches", engine.micro_batches()},
+                    {"micro_batch_size", config.train_micro_batch_size_per_gpu},
+                    {"schedule", schedule::kind_name(engine.train_schedule().kind)},
+                    {"steps", total},
+                    {"first_step", first},
+                    {"final_loss", last_loss},
+                    {"metric", ex.metric.name},
+                    {ex.metric.name, final_eval.metric},
+                    {"eval_loss", final_eval.loss},
+                    {"evaluations", evals},
+                    {"train_seconds", train_seconds},
+                    {"wall_seconds", now_s() - t_start},
+                    {"samples_per_s", train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0},
+                    {"bubble_measured", bubble.measured},
+                    {"bubble_simulated", bubble.simulated},
+                    {"ranks", per_rank},
+                    {"run_dir", run_dir.string()}};
+    std::ofstream(run_dir / "summary.json") << summary.dump(2) << "\n";
+  }
+  comm->shutdown();
+  return 0;
+}
+
+}  // namespace pipetrain::apps

@@ -1,0 +1,131 @@
+// `pipetrain train` end to end through the real binary: a short run of each example checks the
+// summary JSON (last line) and the run directory; bad arguments give a one-line error.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace pipetrain::apps {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Run {
+  int status = -1;
+  std::string output;
+};
+
+// stdout and stderr of the CLI, with a hard time limit so a hang fails instead of blocking CI.
+Run cli(const std::string& args, int seconds = 150) {
+  const std::string command = "timeout -s KILL " + std::to_string(seconds) + " " + PIPETRAIN_CLI_PATH + " " + args + " 2>&1";
+  Run r;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buffer{};
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.output.append(buffer.data(), n);
+  r.status = ::pclose(pipe);
+  return r;
+}
+
+json last_line_json(const std::string& output) {
+  std::istringstream in(output);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return json::parse(last);
+}
+
+class TrainCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("pipetrain-train-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void expect_run_files() {
+    for (const char* f : {"metrics.jsonl", "loss.svg", "timeline.svg", "trace.json", "summary.json",
+                          "checkpoint/manifest.json"}) {
+      EXPECT_TRUE(fs::exists(dir_ / f)) << f;
+    }
+    std::ifstream trace(dir_ / "trace.json");
+    EXPECT_TRUE(json::parse(trace).contains("traceEvents"));
+  }
+  fs::path dir_;
+};
+
+TEST_F(TrainCommand, MlpShortRunWritesSummaryAndRunDirectory) {
+  const auto r = cli("train --example mlp --steps 3 --run-dir " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["example"], "mlp");
+  EXPECT_EQ(s["stages"], 2);
+  EXPECT_EQ(s["steps"], 3);
+  EXPECT_TRUE(std::isfinite(s["final_loss"].get<double>()));
+  EXPECT_GT(s["samples_per_s"].get<double>(), 0);
+  EXPECT_GE(s["bubble_measured"].get<double>(), 0);
+  EXPECT_GT(s["bubble_simulated"].get<double>(), 0);
+  EXPECT_EQ(s["ranks"].size(), 2u);
+  expect_run_files();
+  std::ifstream metrics(dir_ / "metrics.jsonl");
+  int lines = 0;
+  std::string line;
+  while (std::getline(metrics, line)) lines += json::parse(line).contains("loss");
+  EXPECT_EQ(lines, 3);
+
+  // Resume with another layout: three more steps on 1 stage x 2 replicas... of the same model.
+  const auto again = cli("train --example mlp --steps 5 --stages 4 --resume --run-dir " + dir_.string());
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("resumed from"), std::string::npos);
+  const auto s2 = last_line_json(again.output);
+  EXPECT_EQ(s2["first_step"], 3);
+  EXPECT_EQ(s2["stages"], 4);
+}
+
+TEST_F(TrainCommand, CnnShortRunReportsAccuracy) {
+  const auto r = cli("train --steps 4 --eval-samples 500 --run-dir " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["example"], "cnn");
+  EXPECT_EQ(s["metric"], "accuracy");
+  const double acc = s["accuracy"].get<double>();
+  EXPECT_GT(acc, 0.2) << "4 steps already beat chance (10%)";
+  EXPECT_LE(acc, 1.0);
+  expect_run_files();
+}
+
+TEST_F(TrainCommand, GptShortRunPrintsASample) {
+  const auto r = cli("train --example gpt --steps 3 --eval-samples 64 --sample-length 40 --run-dir " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["example"], "gpt");
+  EXPECT_TRUE(s.contains("sample"));
+  EXPECT_EQ(s["sample"].get<std::string>().size() > 0, true);
+  EXPECT_TRUE(std::isfinite(s["val_loss"].get<double>())) << s.dump();
+  expect_run_files();
+}
+
+TEST_F(TrainCommand, BadArgumentsGiveOneLineAndUsage) {
+  for (const char* args : {"train --stages 0", "train --example nope", "train --schedule sideways",
+                           "train --steps 3 --epochs 1"}) {
+    SCOPED_TRACE(args);
+    const auto r = cli(args, 30);
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.output.find("train"), std::string::npos) << r.output;
+  }
+  const auto r = cli("train --resume --run-dir " + (dir_ / "none").string(), 30);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("no checkpoint"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace pipetrain::apps
