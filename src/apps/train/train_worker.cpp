@@ -53,7 +53,10 @@ struct Evaluation {
 };
 
 Evaluation evaluate(PipelineEngine& engine, const examples::Example& ex) {
-  const int64_t count = ex.eval_micro_batches(engine.replica());
+  // Every rank must make the same eval_batch calls (they end in collectives): agree on the
+  // smallest shard, so a replica without evaluation data (mlp) does not leave the others waiting.
+  const auto count = static_cast<int64_t>(engine.communicator().world().all_reduce_scalar(
+      static_cast<double>(ex.eval_micro_batches(engine.replica())), comm::ReduceOp::Min, "evaluation size"));
   auto it = ex.eval_iterator(engine.replica());
   examples::MetricSum sum;
   double loss_sum = 0;
