@@ -156,17 +156,9 @@ std::vector<torch::Tensor> PipelineEngine::parameters() const {
 
 std::vector<std::pair<std::string, torch::Tensor>> PipelineEngine::named_parameters() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  std::set<const void*> seen;
-  const auto& layout = train_schedule_.layout;
-  for (int c = 0; c < num_chunks(); ++c) {
-    const int v = layout.virtual_stage(stage(), c);
-    const auto& built = chunks_[static_cast<size_t>(c)]->layers();
-    for (size_t i = 0; i < built.modules.size(); ++i) {
-      const auto* module = built.modules[i].ptr().get();
-      if (!seen.insert(module).second) continue;
-      for (const auto& item : built.modules[i].ptr()->named_parameters(true)) {
-        out.emplace_back(std::to_string(offsets_[v] + static_cast<int64_t>(i)) + "." + item.key(), item.value());
-      }
+  for (const auto& [index, module] : local_layers()) {
+    for (const auto& item : module.ptr()->named_parameters(true)) {
+      out.emplace_back(std::to_string(index) + "." + item.key(), item.value());
     }
   }
   return out;
