@@ -35,7 +35,17 @@ int run_cli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version-like exits, and errors outside a subcommand: CLI11's own output.
+    CLI::App* sub = nullptr;
+    if (argc > 1 && e.get_exit_code() != 0) {
+      for (auto* candidate : app.get_subcommands({})) {
+        if (candidate->get_name() == argv[1]) sub = candidate;
+      }
+    }
+    if (!sub) return app.exit(e);
+    // The commands' convention (run_command): one line saying what is wrong, then the usage.
+    std::cerr << "pipetrain " << sub->get_name() << ": error: " << e.what() << "\n" << sub->help();
+    return 2;
   } catch (const pipetrain::Error& e) {
     std::cerr << "pipetrain: " << e.what() << "\n";
     return exit_code != 0 ? exit_code : 1;

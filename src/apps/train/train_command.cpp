@@ -100,9 +100,11 @@ int run_train(TrainArgs args) {
     load_checkpoint(model, (dir / "checkpoint").string());
     summary["sample"] = ex.sample(model, examples::SampleOptions().length(args.sample_length));
   }
-  std::ofstream(dir / "summary.json") << summary.dump(2) << "\n";
+  // A sample from a barely trained model may hold bytes that are not UTF-8.
+  const auto replace = json::error_handler_t::replace;
+  std::ofstream(dir / "summary.json") << summary.dump(2, ' ', false, replace) << "\n";
   print_summary(summary);
-  std::cout << summary.dump() << std::endl;
+  std::cout << summary.dump(-1, ' ', false, replace) << std::endl;
   return 0;
 }
 
