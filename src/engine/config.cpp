@@ -192,7 +192,7 @@ PipelineConfig read_pipeline(ObjectReader& reader) {
   p.comm_timeout_s = reader.number("comm_timeout_s", p.comm_timeout_s, 0.001);
   p.on_nonfinite_loss = reader.string("on_nonfinite_loss", p.on_nonfinite_loss, {"error", "skip"});
   p.deferred_linear = reader.boolean("deferred_linear", p.deferred_linear);
-  p.gemm_kernel = reader.string("gemm_kernel", p.gemm_kernel, {"auto", "blas", "onednn"});
+  p.gemm_kernel = reader.string("gemm_kernel", p.gemm_kernel, {"auto", "native", "onednn", "blas"});
   const auto& m = p.partition_method;
   if (!(m == "parameters" || m == "uniform" || m == "balance" || m.rfind("type:", 0) == 0)) {
     reader.fail("pipeline.partition_method",

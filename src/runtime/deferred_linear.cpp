@@ -17,7 +17,9 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
     ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
     ctx->saved_data["mb"] = mb;
     torch::Tensor y;
-    if (self->kernel_ == GemmKernel::OneDnn) {
+    if (self->native_eligible(x2d)) {
+      y = native_linear(x2d, weight, bias);
+    } else if (self->kernel_ == GemmKernel::OneDnn) {
       y = gemm(x2d, self->weight_transposed(), self->kernel_);
       if (bias.defined()) y.add_(bias);
     } else {
@@ -32,7 +34,10 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
     const auto& dy = grad_outputs[0];
     self->grads_[mb] = dy;
     torch::Tensor dx;
-    if (ctx->needs_input_grad(0)) dx = gemm(dy, self->layer_->weight, self->kernel_);
+    if (ctx->needs_input_grad(0)) {
+      dx = self->native_eligible(dy) ? native_input_grad(dy, self->packed_weight())
+                                               : gemm(dy, self->layer_->weight, self->kernel_);
+    }
     return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -52,6 +57,32 @@ const torch::Tensor& DeferredLinear::weight_transposed() {
   return weight_t_;
 }
 
+const PackedWeight& DeferredLinear::packed_weight() {
+  const auto& w = layer_->weight;
+  if (!packed_.defined() || packed_version_ != static_cast<int64_t>(w._version()) || packed_data_ != w.data_ptr()) {
+    torch::NoGradGuard no_grad;
+    packed_.pack(w);
+    packed_version_ = static_cast<int64_t>(w._version());
+    packed_data_ = w.data_ptr();
+  }
+  return packed_;
+}
+
+void DeferredLinear::weights_changed() {
+  weight_t_version_ = -1;
+  packed_version_ = -1;
+}
+
+void DeferredLinear::prepare_backward() {
+  if (native_eligible(layer_->weight)) packed_weight();
+}
+
+bool DeferredLinear::native_eligible(const torch::Tensor& x) const {
+  const auto& w = layer_->weight;
+  return kernel_ == GemmKernel::Native && x.device().is_cpu() && w.device().is_cpu() &&
+         x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat && x.layout() == torch::kStrided;
+}
+
 torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
   const auto& weight = layer_->weight;
   const auto& bias = layer_->bias;
@@ -64,6 +95,7 @@ torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
   out_shape.back() = weight.size(0);
   const auto x2d = x.reshape({-1, in});
   if (!torch::GradMode::is_enabled()) {
+    if (native_eligible(x2d)) return native_linear(x2d, weight, bias).reshape(out_shape);
     torch::Tensor y = kernel_ == GemmKernel::OneDnn ? gemm(x2d, weight_transposed(), kernel_)
                                                     : torch::mm(x2d, weight.t());
     if (bias.defined()) y.add_(bias);
@@ -91,7 +123,14 @@ void DeferredLinear::backward_weight(const std::vector<int64_t>& mbs) {
   const auto x = xs.size() == 1 ? xs.front() : torch::cat(xs);
   const auto dy = dys.size() == 1 ? dys.front() : torch::cat(dys);
   auto& weight = layer_->weight;
-  auto dw = gemm(dy.t(), x, kernel_);
+  // dW = dy^T x is "dx = dy W" with dy^T for dy and x for W: the same kernel, K = all rows.
+  torch::Tensor dw;
+  if (native_eligible(x) && native_eligible(dy)) {
+    packed_inputs_.pack(x);
+    dw = native_input_grad(dy.t().contiguous(), packed_inputs_);
+  } else {
+    dw = gemm(dy.t(), x, kernel_);
+  }
   if (weight.grad().defined()) {
     weight.mutable_grad().add_(dw);
   } else {

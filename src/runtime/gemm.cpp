@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/small_gemm.h"
 
 namespace pipetrain::runtime {
 
@@ -18,17 +19,34 @@ GemmKernel parse_gemm_kernel(const std::string& name) {
     }
     return GemmKernel::OneDnn;
   }
-  if (name == "auto") return onednn_available() ? GemmKernel::OneDnn : GemmKernel::Blas;
-  throw ConfigError("unknown gemm kernel \"" + name + "\"; expected auto, blas or onednn");
+  if (name == "native") {
+    if (!native_gemm_available()) {
+      throw ConfigError("gemm kernel \"native\" requested but this CPU lacks AVX-512F; use \"auto\", "
+                        "\"onednn\" or \"blas\"");
+    }
+    return GemmKernel::Native;
+  }
+  if (name == "auto") {
+    if (native_gemm_available()) return GemmKernel::Native;
+    return onednn_available() ? GemmKernel::OneDnn : GemmKernel::Blas;
+  }
+  throw ConfigError("unknown gemm kernel \"" + name + "\"; expected auto, native, onednn or blas");
 }
 
-std::string to_string(GemmKernel kernel) { return kernel == GemmKernel::OneDnn ? "onednn" : "blas"; }
+std::string to_string(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::Native: return "native";
+    case GemmKernel::OneDnn: return "onednn";
+    default: return "blas";
+  }
+}
 
 torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, GemmKernel kernel) {
   const bool dense_cpu_float = a.device().is_cpu() && b.device().is_cpu() &&
                                a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat &&
                                a.dim() == 2 && b.dim() == 2 && a.layout() == torch::kStrided &&
                                b.layout() == torch::kStrided;
+  if (kernel == GemmKernel::Native) kernel = onednn_available() ? GemmKernel::OneDnn : GemmKernel::Blas;
   if (kernel == GemmKernel::Blas || !dense_cpu_float) return torch::mm(a, b);
   // oneDNN's backward-data primitive of an inner product computes grad_output x weight for a
   // dense row-major weight (out x in): exactly A x B with "out" = K and "in" = N. It is the one

@@ -100,7 +100,15 @@ class Executor {
   }
 
   Batch receive(size_t i, const Action& a, Op kind) {
-    if (a.peer_stage != s_.stage) return recvs_[i].wait();
+    if (a.peer_stage != s_.stage) {
+      // The first receive of a training step is where a stage waits longest (pipeline fill):
+      // build the backward's packed weights there instead of on the critical path.
+      if (s_.training && !prepared_) {
+        for (auto* c : s_.chunks) c->prepare_backward();
+        prepared_ = true;
+      }
+      return recvs_[i].wait();
+    }
     auto it = local_.find({kind, a.chunk, a.micro_batch});
     if (it == local_.end()) {
       throw ScheduleError("nothing was handed over on this stage before " + schedule::to_string(a));
@@ -275,6 +283,7 @@ class Executor {
   std::vector<bool> release_;
   std::vector<comm::RecvHandle> recvs_;
   std::map<std::tuple<Op, int, int>, Batch> local_;
+  bool prepared_ = false;
   StageStepResult result_;
 };
 

@@ -71,6 +71,10 @@ void StageModel::weights_changed() {
   for (auto* d : deferred_) d->weights_changed();
 }
 
+void StageModel::prepare_backward() {
+  for (auto* d : deferred_) d->prepare_backward();
+}
+
 void StageModel::clear() {
   for (auto* d : deferred_) d->clear();
 }

@@ -1,4 +1,4 @@
-// B -> I now, W at the end of the step.
+// B -> I now, W in the first cool-down wait or at the end of the step.
 #include "pipetrain/schedule/defer_weights.h"
 
 #include <algorithm>
@@ -34,7 +34,31 @@ Schedule defer_weight_gradients(const Schedule& schedule) {
       }
       body.push_back(copy);
     }
-    body.insert(body.end(), weights.begin(), weights.end());
+    // Cool-down: after its last forward a stage waits for each gradient from downstream. The
+    // weight gradients of the micro-batches already through their I fill the first such wait
+    // (grouped by chunk so the executor fuses them); the rest run at the end.
+    size_t last_forward = body.size();
+    for (size_t k = 0; k < body.size(); ++k) {
+      if (body[k].op == Op::forward) last_forward = k;
+    }
+    size_t cool = body.size();
+    for (size_t k = last_forward == body.size() ? body.size() : last_forward + 1; k < body.size(); ++k) {
+      if (body[k].op == Op::recv_grad) {
+        cool = k;
+        break;
+      }
+    }
+    std::vector<Action> early, late;
+    for (const auto& w : weights) {
+      const bool input_done =
+          std::any_of(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(cool), [&](const Action& a) {
+            return a.op == Op::backward_input && a.chunk == w.chunk && a.micro_batch == w.micro_batch;
+          });
+      (input_done ? early : late).push_back(w);
+    }
+    std::stable_sort(early.begin(), early.end(), [](const Action& a, const Action& b) { return a.chunk < b.chunk; });
+    body.insert(body.begin() + static_cast<std::ptrdiff_t>(cool), early.begin(), early.end());
+    body.insert(body.end(), late.begin(), late.end());
     body.insert(body.end(), tail.begin(), tail.end());
     stage = std::move(body);
   }

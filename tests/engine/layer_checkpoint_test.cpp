@@ -111,7 +111,9 @@ TEST_F(LayerCheckpoint, ResumesUnderAnotherLayoutAndInOneProcess) {
   EXPECT_EQ(load_checkpoint(built, ckpt), 2);
   const auto all = named_by_first_use(built);
   for (const auto& [name, p] : saved) {
-    if (all.count(name)) EXPECT_TRUE(torch::equal(p, all.at(name))) << name;
+    if (all.count(name)) {
+      EXPECT_TRUE(torch::equal(p, all.at(name))) << name;
+    }
   }
 }
 

@@ -8,7 +8,12 @@
 namespace pipetrain::runtime {
 namespace {
 
-class DeferredLinearTest : public ::testing::TestWithParam<GemmKernel> {};
+class DeferredLinearTest : public ::testing::TestWithParam<GemmKernel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == GemmKernel::Native && !native_gemm_available()) GTEST_SKIP() << "this CPU lacks AVX-512F";
+  }
+};
 
 void expect_close(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
   ASSERT_TRUE(a.defined()) << what;
@@ -93,7 +98,7 @@ TEST_P(DeferredLinearTest, TracksWeightUpdates) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, DeferredLinearTest,
-                         ::testing::Values(GemmKernel::Blas, GemmKernel::OneDnn),
+                         ::testing::Values(GemmKernel::Blas, GemmKernel::OneDnn, GemmKernel::Native),
                          [](const auto& info) { return to_string(info.param); });
 
 TEST(Gemm, KernelsAgree) {
@@ -107,7 +112,13 @@ TEST(Gemm, KernelsAgree) {
 
 TEST(Gemm, ParsesKernelNames) {
   EXPECT_EQ(parse_gemm_kernel("blas"), GemmKernel::Blas);
-  EXPECT_EQ(parse_gemm_kernel("auto"), onednn_available() ? GemmKernel::OneDnn : GemmKernel::Blas);
+  const GemmKernel best = native_gemm_available() ? GemmKernel::Native
+                          : onednn_available()    ? GemmKernel::OneDnn
+                                                  : GemmKernel::Blas;
+  EXPECT_EQ(parse_gemm_kernel("auto"), best);
+  if (native_gemm_available()) {
+    EXPECT_EQ(parse_gemm_kernel("native"), GemmKernel::Native);
+  }
   try {
     parse_gemm_kernel("cublas");
     FAIL();

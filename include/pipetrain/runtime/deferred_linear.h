@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pipetrain/runtime/gemm.h"
+#include "pipetrain/runtime/small_gemm.h"
 
 namespace pipetrain::runtime {
 
@@ -39,14 +40,20 @@ class DeferredLinear {
   void clear();
 
   // The weights were modified in place without a version bump (LibTorch's optimizers write
-  // through .data()), so the cached W^T of the oneDNN path must be rebuilt. Call after a step.
-  void weights_changed() { weight_t_version_ = -1; }
+  // through .data()), so the cached W^T (oneDNN) and packed W (native) must be rebuilt. Call
+  // after a step.
+  void weights_changed();
+  // Builds what backward needs from the current weights (the native kernel's packed W) now,
+  // rather than in the first backward of the step: the engine calls it while it waits.
+  void prepare_backward();
 
   const torch::nn::Linear& layer() const { return layer_; }
 
  private:
   friend struct DeferredLinearFunction;
   const torch::Tensor& weight_transposed();  // W^T, contiguous, refreshed when W changes
+  const PackedWeight& packed_weight();       // W for dx = dy W, refreshed when W changes
+  bool native_eligible(const torch::Tensor& x) const;
 
   torch::nn::Linear layer_;
   GemmKernel kernel_;
@@ -55,6 +62,10 @@ class DeferredLinear {
   torch::Tensor weight_t_;
   int64_t weight_t_version_ = -1;
   const void* weight_t_data_ = nullptr;
+  PackedWeight packed_;
+  PackedWeight packed_inputs_;  // the fused x of backward_weight, buffer kept across steps
+  int64_t packed_version_ = -1;
+  const void* packed_data_ = nullptr;
 };
 
 }  // namespace pipetrain::runtime

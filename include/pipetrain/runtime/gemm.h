@@ -1,10 +1,10 @@
 // The matrix products of the engine's Linear fast path, on a choice of CPU kernels.
 //
 // Debian's LibTorch runs nn::Linear on whatever libblas.so.3 the system has. Its oneDNN build
-// has a second GEMM: on the AVX-512 machines we run on it is about 2x faster than OpenBLAS for
-// the 32-row products a pipeline's micro-batches make, because it does not re-pack the
-// 1024x1024 weight for every small product. The engine picks a kernel once ("auto": oneDNN
-// where LibTorch has it) and `pipetrain bench` reports the plain loop with both kernels.
+// has a second GEMM, faster than OpenBLAS for the 32-row products a pipeline's micro-batches
+// make, and pipetrain has its own AVX-512 kernels for those (small_gemm.h), about 2x faster
+// than OpenBLAS there. The engine picks a kernel once ("auto": native where the CPU has
+// AVX-512, else oneDNN where LibTorch has it, else BLAS).
 #pragma once
 
 #include <torch/torch.h>
@@ -13,17 +13,19 @@
 
 namespace pipetrain::runtime {
 
-enum class GemmKernel { Blas, OneDnn };
+enum class GemmKernel { Blas, OneDnn, Native };
 
-// "blas", "onednn", or "auto" (oneDNN when LibTorch was built with it, else BLAS).
-// ConfigError for anything else, or for "onednn" where LibTorch lacks it.
+// "blas", "onednn", "native", or "auto" (native on AVX-512 CPUs, else oneDNN when LibTorch
+// was built with it, else BLAS). ConfigError for anything else, or for a kernel this machine
+// lacks.
 GemmKernel parse_gemm_kernel(const std::string& name);
 std::string to_string(GemmKernel kernel);
 bool onednn_available();
 
 // C = A x B for dense, 2-D, CPU float32 A (M x K) and B (K x N); A and B may be
 // non-contiguous views (they are made contiguous where the kernel needs it). Other
-// devices and dtypes take torch::mm whatever the kernel.
+// devices and dtypes take torch::mm whatever the kernel. Native serves only the Linear
+// products of small_gemm.h; here it means the best general kernel (oneDNN, else BLAS).
 torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, GemmKernel kernel);
 
 }  // namespace pipetrain::runtime

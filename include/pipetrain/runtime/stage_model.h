@@ -41,6 +41,8 @@ class StageModel {
 
   // The weights changed in place (optimizer step, checkpoint load): refresh cached copies.
   void weights_changed();
+  // DeferredLinear::prepare_backward on every fast-path layer.
+  void prepare_backward();
   // Drops every kept tensor (after a failed step).
   void clear();
 

@@ -18,6 +18,7 @@
 #include "pipetrain/engine/pipeline_engine.h"
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/schedule.h"
+#include "pipetrain/schedule/trace.h"
 #include "pipetrain/util/blas.h"
 
 namespace pipetrain::apps {
@@ -41,6 +42,7 @@ struct BenchArgs {
   bool deferred_linear = true;
   bool json_only = false;
   bool skip_baseline = false;
+  std::string trace;  // Chrome trace of the last engine step, written by rank 0
   // Internal: this process is one rank, writing its result to `result` (rank 0).
   bool worker = false;
   std::string result;
@@ -130,6 +132,12 @@ int run_worker(const BenchArgs& args) {
   comm->world().barrier("bench end");
   const double elapsed = seconds_since(t0);
   const auto bubble = engine.measure_bubble();
+  if (!args.trace.empty()) {
+    const auto events = engine.gather_events();
+    schedule::TraceOptions trace_options;
+    trace_options.microseconds_per_unit = 1e6;
+    if (comm->rank() == 0) std::ofstream(args.trace) << schedule::render_chrome_trace(events, trace_options);
+  }
   if (comm->rank() == 0) {
     const double samples = static_cast<double>(args.steps) * MlpWorkload::kRows * engine.num_replicas();
     json r = {{"samples_per_s", samples / elapsed},
@@ -156,6 +164,7 @@ std::vector<std::string> worker_command(const BenchArgs& args, const std::string
   if (args.chunks > 0) cmd.insert(cmd.end(), {"--chunks", std::to_string(args.chunks)});
   if (args.micro_batches > 0) cmd.insert(cmd.end(), {"--micro-batches", std::to_string(args.micro_batches)});
   if (!args.deferred_linear) cmd.push_back("--no-deferred-linear");
+  if (!args.trace.empty()) cmd.insert(cmd.end(), {"--trace", std::filesystem::absolute(args.trace).string()});
   return cmd;
 }
 
@@ -270,13 +279,14 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per rank (0: cores / ranks)")
       ->capture_default_str();
-  sub->add_option("--gemm-kernel", args->gemm_kernel, "auto, blas or onednn: the engine's Linear GEMMs")
-      ->check(CLI::IsMember({"auto", "blas", "onednn"}))
+  sub->add_option("--gemm-kernel", args->gemm_kernel, "auto, native, onednn or blas: the engine's Linear GEMMs")
+      ->check(CLI::IsMember({"auto", "native", "onednn", "blas"}))
       ->capture_default_str();
   sub->add_flag("--no-deferred-linear{false}", args->deferred_linear,
                 "run Linear layers through plain autograd instead of the fused weight-gradient path");
   sub->add_flag("--json", args->json_only, "print only the JSON line");
   sub->add_flag("--skip-baseline", args->skip_baseline, "do not run the one-thread baseline");
+  sub->add_option("--trace", args->trace, "write the last engine step as a Chrome trace (JSON) to this file");
   sub->add_flag("--worker", args->worker, "internal: run as one rank")->group("");
   sub->add_option("--result", args->result, "internal: where rank 0 writes its result")->group("");
   sub->callback([args, &exit_code] { exit_code = run_bench(*args); });

@@ -1,0 +1,57 @@
+// pipetrain's own kernels for the products of a Linear layer on a micro-batch of few rows.
+//
+// A pipeline splits a batch into micro-batches of a few dozen rows, and BLAS libraries are at
+// their worst there: OpenBLAS re-packs the whole 1024x1024 weight for each 32-row product and
+// reaches about half the speed it has on 256 rows (docs/engine.md#measured). These kernels
+// never pack the weight per product:
+//   forward      y = x W^T + b   computed as y^T = W x^T: the weight is read once, row by row,
+//                                against the small x^T packed per call (cheap: M x in floats)
+//   input grad   dx = dy W       against W packed once per weight version into 32-column
+//                                panels (PackedWeight), reused by every micro-batch of a step
+//   weight grad  dW = dy^T x     the same kernel over all micro-batches' rows, x packed
+// They use AVX-512 (chosen at run time); elsewhere native_gemm_available() is false and the
+// engine takes oneDNN or BLAS instead.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace pipetrain::runtime {
+
+// True where this CPU has AVX-512F (the kernels' instruction set).
+bool native_gemm_available();
+
+// A weight W (out x in) laid out for dx = dy W: panels of 32 input features, each panel
+// holding its 32 columns of every row contiguously; the last panel is zero-padded. Any
+// matrix can be packed so: the fused weight gradient dW = dy^T x packs x.
+class PackedWeight {
+ public:
+  PackedWeight() = default;
+  explicit PackedWeight(const torch::Tensor& weight) { pack(weight); }
+
+  // Packs `weight` (out x in), reusing this buffer when the shape is unchanged: a fresh
+  // weight-sized buffer every step costs page faults worth a quarter of the packing.
+  void pack(const torch::Tensor& weight);
+
+  bool defined() const { return data_.defined(); }
+  int64_t out_features() const { return out_; }
+  int64_t in_features() const { return in_; }
+  const float* panel(int64_t p) const { return data_.data_ptr<float>() + p * out_ * kPanel; }
+
+  static constexpr int64_t kPanel = 32;
+
+ private:
+  torch::Tensor data_;
+  int64_t out_ = 0;
+  int64_t in_ = 0;
+};
+
+// y = x W^T + b for x (M x in), W (out x in), b (out) or undefined; float32 CPU tensors.
+// Requires native_gemm_available(); callers check shapes and dtypes (DeferredLinear does).
+torch::Tensor native_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// dx = dy W for dy (M x out) and W packed.
+torch::Tensor native_input_grad(const torch::Tensor& dy, const PackedWeight& weight);
+
+}  // namespace pipetrain::runtime
