@@ -62,7 +62,8 @@ BubbleReport PipelineEngine::measure_bubble() {
   const auto measured = schedule::bubble_stats(body, num_stages());
   report.measured = measured.overall;
   report.makespan_s = measured.makespan;
-  const auto costs = schedule::estimate_costs(body, num_stages(), num_chunks(), 0.0);
+  report.transfer_s = schedule::estimate_transfer(train_schedule_, body);
+  const auto costs = schedule::estimate_costs(body, num_stages(), num_chunks(), report.transfer_s);
   report.simulated = schedule::simulate(train_schedule_, costs).bubble_overall;
   return report;
 }

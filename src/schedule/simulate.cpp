@@ -1,6 +1,9 @@
 // The simulator: replay with the cost model, then makespan, bubble and memory per stage.
 #include "pipetrain/schedule/simulate.h"
 
+#include <map>
+#include <tuple>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -70,6 +73,35 @@ CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, 
     }
   }
   return costs;
+}
+
+double estimate_transfer(const Schedule& schedule, const std::vector<TimedEvent>& events) {
+  // (stage, op, chunk, micro-batch) -> event, for the sends
+  std::map<std::tuple<int, int, int, int>, const TimedEvent*> sends;
+  for (const auto& e : events) {
+    if (is_send(e.op)) sends[{e.stage, static_cast<int>(e.op), e.chunk, e.micro_batch}] = &e;
+  }
+  // (stage, op, chunk, micro-batch) of a receive -> its sender's (stage, chunk)
+  std::map<std::tuple<int, int, int, int>, std::pair<int, int>> peers;
+  for (const auto& stage : schedule.stages) {
+    for (const auto& a : stage) {
+      if (is_recv(a.op)) peers[{a.stage, static_cast<int>(a.op), a.chunk, a.micro_batch}] = {a.peer_stage, a.peer_chunk};
+    }
+  }
+  std::vector<double> samples;
+  for (const auto& e : events) {
+    if (!is_recv(e.op)) continue;
+    const auto peer = peers.find({e.stage, static_cast<int>(e.op), e.chunk, e.micro_batch});
+    if (peer == peers.end() || peer->second.first == e.stage) continue;
+    const Op send_op = e.op == Op::recv_activation ? Op::send_activation : Op::send_grad;
+    const auto send = sends.find({peer->second.first, static_cast<int>(send_op), peer->second.second, e.micro_batch});
+    if (send == sends.end()) continue;
+    if (e.start <= send->second->end && e.end >= send->second->end) samples.push_back(e.end - send->second->end);
+  }
+  if (samples.empty()) return 0.0;
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
 }
 
 SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {

@@ -142,6 +142,20 @@ TEST(EstimateCosts, RecoversTheCostsOfASimulatedRun) {
   EXPECT_THROW(estimate_costs({}, 2, 1), ConfigError);
 }
 
+TEST(EstimateTransfer, RecoversTheTransferCostOfASimulatedRun) {
+  CostModel truth = CostModel::uniform(3, 1.5, 1, 0.5, 0.25);
+  truth.forward[2] = 3;  // stage 2 is slow: some receives arrive before they are waited for
+  for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::zb_v,
+                            ScheduleKind::interleaved}) {
+    SCOPED_TRACE(kind_name(kind));
+    const Schedule schedule = make(kind, 3, 6);
+    EXPECT_NEAR(estimate_transfer(schedule, simulate(schedule, truth).events()), 0.25, 1e-12);
+    const CostModel instant = CostModel::uniform(3, 1.5, 1, 0.5, 0.0);
+    EXPECT_NEAR(estimate_transfer(schedule, simulate(schedule, instant).events()), 0.0, 1e-12);
+  }
+  EXPECT_EQ(estimate_transfer(make(ScheduleKind::one_f_one_b, 2, 4), {}), 0.0);
+}
+
 TEST(SlotRelease, MarksTheLastActionOfEachMicroBatch) {
   const Schedule s = make(ScheduleKind::one_f_one_b, 2, 2);
   // stage 1: 1RA0 1L0 1F0 1B0 1SG0 1RA1 1L1 1F1 1B1 1SG1 1T 1R 1O

@@ -55,6 +55,7 @@ struct BubbleReport {
   double measured = 0;   // idle fraction of the last step's compute on this replica's stages
   double simulated = 0;  // the simulator's for the same schedule, with the step's own costs
   double makespan_s = 0;
+  double transfer_s = 0;  // the measured transfer latency the simulation used
 };
 
 class PipelineEngine {

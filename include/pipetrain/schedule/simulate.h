@@ -47,10 +47,18 @@ struct SimulationResult {
 // Per-stage costs measured from a run's compute events (e.g. one step of the engine), for
 // simulating the schedule it ran with the costs it really had: the mean duration of each
 // compute op per stage, times the chunk count (costs are per whole stage); a stage that ran full
-// backwards gets backward_input = their mean and backward_weight = 0. Transfers cannot be told
-// apart from waiting, so `transfer` is given. Throws ConfigError for a stage without forwards.
+// backwards gets backward_input = their mean and backward_weight = 0. Receive times mix
+// transfer and waiting, so `transfer` is given (estimate_transfer measures it). Throws
+// ConfigError for a stage without forwards.
 CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, int num_chunks,
                          double transfer = 0);
+
+// The transfer latency a measured run shows: for each receive that was already waiting when
+// its message was sent (so its end is the message's arrival, not more waiting), the time
+// from the end of the matching send (the schedule's peer, same micro-batch) to the end of the
+// receive; the median of those, 0 when there are none. Events must share one clock (ranks on
+// one host). Pass it to estimate_costs.
+double estimate_transfer(const Schedule& schedule, const std::vector<TimedEvent>& events);
 
 // Throws ConfigError for cost vectors of the wrong length or with a negative or non-finite
 // entry, and ScheduleError (validate()'s message) for an invalid schedule.

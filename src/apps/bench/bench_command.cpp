@@ -128,7 +128,12 @@ int run_worker(const BenchArgs& args) {
   for (int i = 0; i < args.warmup; ++i) step();
   comm->world().barrier("bench start");
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < args.steps; ++i) step();
+  std::vector<double> step_ms;
+  for (int i = 0; i < args.steps; ++i) {
+    const auto s0 = std::chrono::steady_clock::now();
+    step();
+    step_ms.push_back(seconds_since(s0) * 1e3);
+  }
   comm->world().barrier("bench end");
   const double elapsed = seconds_since(t0);
   const auto bubble = engine.measure_bubble();
@@ -144,8 +149,10 @@ int run_worker(const BenchArgs& args) {
               {"gflops", MlpWorkload::kFlopsPerStep * args.steps * engine.num_replicas() / elapsed / 1e9},
               {"loss_first", losses.front()},
               {"loss_last", losses.back()},
+              {"step_ms", step_ms},
               {"bubble_measured", bubble.measured},
               {"bubble_simulated", bubble.simulated},
+              {"transfer_ms", bubble.transfer_s * 1e3},
               {"threads_per_rank", at::get_num_threads()},
               {"schedule", schedule::kind_name(engine.train_schedule().kind)},
               {"chunks", engine.train_schedule().num_chunks()}};
@@ -202,10 +209,13 @@ int run_bench(const BenchArgs& args) {
   for (int r = 0; r < args.repeat; ++r) {
     engine_runs.push_back(run_engine(args, stages));
     if (!args.json_only) {
-      std::cout << fmt::format("  engine   run {}: {:8.1f} samples/s  bubble {:.3f} (simulated {:.3f})", r + 1,
-                               engine_runs.back()["samples_per_s"].get<double>(),
+      const auto steps = engine_runs.back()["step_ms"].get<std::vector<double>>();
+      std::cout << fmt::format("  engine   run {}: {:8.1f} samples/s  bubble {:.3f} (simulated {:.3f})  step ms median {:.1f} min {:.1f} max {:.1f}",
+                               r + 1, engine_runs.back()["samples_per_s"].get<double>(),
                                engine_runs.back()["bubble_measured"].get<double>(),
-                               engine_runs.back()["bubble_simulated"].get<double>())
+                               engine_runs.back()["bubble_simulated"].get<double>(), median(steps),
+                               *std::min_element(steps.begin(), steps.end()),
+                               *std::max_element(steps.begin(), steps.end()))
                 << std::endl;
     }
     if (args.skip_baseline) continue;
@@ -242,6 +252,7 @@ int run_bench(const BenchArgs& args) {
               {"baseline_loss_last", baseline_runs.empty() ? json(nullptr) : baseline_runs.front()["loss_last"]},
               {"bubble_measured", med(engine_runs, "bubble_measured")},
               {"bubble_simulated", med(engine_runs, "bubble_simulated")},
+              {"transfer_ms", med(engine_runs, "transfer_ms")},
               {"threads_per_rank", engine_runs.front()["threads_per_rank"]},
               {"gemm_kernel", args.gemm_kernel},
               {"deferred_linear", args.deferred_linear},
