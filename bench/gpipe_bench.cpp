@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "pipetrain/engine/gpipe.h"
+#include "pipetrain/partition/balance.h"
 #include "pipetrain/runtime/allocation_counter.h"
 #include "pipetrain/util/blas.h"
 
@@ -112,7 +113,30 @@ void BM_GPipe(benchmark::State& state) {
   state.SetLabel("checkpoint=" + pipetrain::to_string(mode));
 }
 
-// Adds x_plain: samples/s divided by the best plain run's in the same process (counters arrive
+// GPipe (no checkpointing) with the balance [k, 32 - k] for k = range(0), or for k = 0 the
+// automatic balance by time (profiled on one 32-row micro-batch, as the pipeline runs it).
+void BM_GPipeBalance(benchmark::State& state) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  at::set_num_threads(std::max(1, cores / 2));
+  Workload w = make_mlp();
+  std::vector<int64_t> balance{state.range(0), 32 - state.range(0)};
+  if (state.range(0) == 0) {
+    pipetrain::TimeProfileOptions profile;
+    profile.budget = std::chrono::milliseconds(1500);
+    balance = pipetrain::balance_by_time(2, w.model, pipetrain::Batch(w.x.narrow(0, 0, kRows / 8)), profile);
+  }
+  pipetrain::GPipe gpipe(w.model, pipetrain::GPipeOptions(balance)
+                                      .chunks(8)
+                                      .checkpoint(pipetrain::Checkpoint::Never)
+                                      .intra_op_threads(std::max(1, cores / 2)));
+  auto forward = [&](const torch::Tensor& x) { return gpipe->forward(x); };
+  run_steps(state, *gpipe, forward, w);
+  state.counters["first_stage_layers"] = static_cast<double>(balance[0]);
+  state.SetLabel(state.range(0) == 0 ? "auto" : "hand");
+}
+
+// Adds x_plain: samples/s divided by the best plain run's in the same process, and for the
+// automatic balance x_best_hand: its samples/s over the best hand balance's (counters arrive
 // here already turned into rates).
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
@@ -123,12 +147,18 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (it == run.counters.end()) continue;
       if (run.run_name.function_name == "BM_Plain") plain_ = std::max(plain_, it->second.value);
       if (plain_ > 0) run.counters["x_plain"] = benchmark::Counter(it->second.value / plain_);
+      if (run.run_name.function_name == "BM_GPipeBalance") {
+        if (run.report_label == "hand") best_hand_ = std::max(best_hand_, it->second.value);
+        if (run.report_label == "auto" && best_hand_ > 0)
+          run.counters["x_best_hand"] = benchmark::Counter(it->second.value / best_hand_);
+      }
     }
     ConsoleReporter::ReportRuns(copy);
   }
 
  private:
   double plain_ = 0;
+  double best_hand_ = 0;
 };
 
 BENCHMARK(BM_Plain)->Arg(static_cast<int64_t>(std::thread::hardware_concurrency()))->Arg(1)
@@ -137,6 +167,9 @@ BENCHMARK(BM_GPipe)
     ->Arg(static_cast<int64_t>(pipetrain::Checkpoint::Never))
     ->Arg(static_cast<int64_t>(pipetrain::Checkpoint::ExceptLast))
     ->Arg(static_cast<int64_t>(pipetrain::Checkpoint::Always))
+    ->Iterations(kSteps)->Unit(benchmark::kMillisecond)->UseRealTime();
+// Hand balances first, the automatic one last (the reporter compares it with the best).
+BENCHMARK(BM_GPipeBalance)->Arg(12)->Arg(14)->Arg(16)->Arg(18)->Arg(20)->Arg(0)
     ->Iterations(kSteps)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -14,6 +14,7 @@ void add_launch_command(CLI::App& app, int& exit_code);     // launch_command.cp
 void add_reference_command(CLI::App& app, int& exit_code);  // reference_command.cpp
 void add_bench_command(CLI::App& app, int& exit_code);      // bench/bench_command.cpp
 void add_train_command(CLI::App& app, int& exit_code);      // train/train_command.cpp
+void add_balance_command(CLI::App& app, int& exit_code);    // balance_command.cpp
 
 void add_all_commands(CLI::App& app, int& exit_code) {
   add_schedule_command(app, exit_code);
@@ -22,6 +23,7 @@ void add_all_commands(CLI::App& app, int& exit_code) {
   add_train_command(app, exit_code);
   add_reference_command(app, exit_code);
   add_bench_command(app, exit_code);
+  add_balance_command(app, exit_code);
 }
 
 int run_cli(int argc, char** argv) {

@@ -7,34 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "apps/commands.h"
+#include "apps/cli_runner.h"
 
 namespace pipetrain::apps {
 namespace {
 
+using testing::CliRun;
+using testing::run;
+using testing::last_line;
+
 using ::testing::HasSubstr;
-
-struct CliRun {
-  int code;
-  std::string out, err;
-};
-
-CliRun run(std::vector<std::string> args) {
-  args.insert(args.begin(), "pipetrain");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data());
-  return {code, ::testing::internal::GetCapturedStdout(), ::testing::internal::GetCapturedStderr()};
-}
-
-std::string last_line(const std::string& text) {
-  const auto end = text.find_last_not_of('\n');
-  const auto begin = text.rfind('\n', end);
-  return text.substr(begin == std::string::npos ? 0 : begin + 1,
-                     end - (begin == std::string::npos ? 0 : begin + 1) + 1);
-}
 
 TEST(ReferenceCommand, BadArgumentsGiveOneLineAndTheUsage) {
   struct Case {

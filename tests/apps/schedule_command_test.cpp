@@ -8,27 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "apps/commands.h"
+#include "apps/cli_runner.h"
 
 namespace pipetrain::apps {
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out, err;
-};
-
-CliRun run(std::vector<std::string> args) {
-  args.insert(args.begin(), "pipetrain");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data());
-  CliRun r{code, ::testing::internal::GetCapturedStdout(),
-           ::testing::internal::GetCapturedStderr()};
-  return r;
-}
+using testing::CliRun;
+using testing::run;
 
 std::string read(const std::string& path) {
   std::ifstream in(path);
