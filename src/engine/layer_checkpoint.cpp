@@ -22,6 +22,45 @@ namespace {
 constexpr int kFormat = 1;
 
 std::string layer_file(int64_t index) { return fmt::format("layer_{:05d}.pt", index); }
+std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
+
+std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// An empty per-parameter state of the optimizer `type` (make_optimizer's names), to load into.
+std::unique_ptr<torch::optim::OptimizerParamState> empty_state(const std::string& type) {
+  if (type == "SGD") return std::make_unique<torch::optim::SGDParamState>();
+  if (type == "Adam") return std::make_unique<torch::optim::AdamParamState>();
+  if (type == "AdamW") return std::make_unique<torch::optim::AdamWParamState>();
+  if (type == "RMSprop") return std::make_unique<torch::optim::RMSpropParamState>();
+  if (type == "Adagrad") return std::make_unique<torch::optim::AdagradParamState>();
+  throw CheckpointError("optimizer state of type \"" + type + "\" cannot be loaded; expected SGD, Adam, AdamW, "
+                        "RMSprop or Adagrad");
+}
+
+// The optimizer's state for the module's parameters, by their index in parameters(). False
+// (no file) when the optimizer keeps no state for them (SGD without momentum, before a step).
+bool save_optimizer_state(const torch::optim::Optimizer& optimizer, const torch::nn::AnyModule& module,
+                          const fs::path& path) {
+  const auto params = module.ptr()->parameters();
+  const auto& state = optimizer.state();
+  torch::serialize::OutputArchive archive;
+  bool any = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto it = state.find(state_key(params[i]));
+    if (it == state.end()) continue;
+    torch::serialize::OutputArchive one;
+    it->second->serialize(one);
+    archive.write("param_" + std::to_string(i), one);
+    any = true;
+  }
+  if (!any) return false;
+  try {
+    archive.save_to(path.string());
+  } catch (const c10::Error& e) {
+    throw CheckpointError("cannot write " + path.string() + ": " + e.what_without_backtrace());
+  }
+  return true;
+}
 
 uint32_t file_crc32(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -75,20 +114,60 @@ void save_module(const torch::nn::AnyModule& module, const fs::path& path) {
   }
 }
 
-void load_module(torch::nn::AnyModule& module, const fs::path& dir, const json& manifest, int64_t owner,
-                 int64_t layer) {
-  const auto name = layer_file(owner);
-  const auto path = dir / name;
-  const auto& files = manifest.at("files");
-  const auto key = std::to_string(owner);
-  if (!files.contains(key)) throw CheckpointError(dir.string() + "/manifest.json lists no file for layer " + key);
+// Checks the file the manifest entry describes against its CRC-32; returns its path.
+fs::path verified(const fs::path& dir, const json& entry) {
+  const auto path = dir / entry.at("file").get<std::string>();
   if (!fs::exists(path)) throw CheckpointError("checkpoint file " + path.string() + " is missing");
-  const uint32_t expected = files.at(key).at("crc32").get<uint32_t>();
+  const uint32_t expected = entry.at("crc32").get<uint32_t>();
   const uint32_t actual = file_crc32(path);
   if (expected != actual) {
     throw CheckpointError(fmt::format("checkpoint file {} is corrupt: CRC-32 {:08x}, the manifest says {:08x}",
                                       path.string(), actual, expected));
   }
+  return path;
+}
+
+const json& layer_entry(const fs::path& dir, const json& manifest, int64_t owner) {
+  const auto& files = manifest.at("files");
+  const auto key = std::to_string(owner);
+  if (!files.contains(key)) throw CheckpointError(dir.string() + "/manifest.json lists no file for layer " + key);
+  return files.at(key);
+}
+
+// Loads the stored optimizer state of the module's parameters into `optimizer` (of `type`).
+// A layer saved without state (none yet) leaves the optimizer's as it is.
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& type,
+                          const torch::nn::AnyModule& module, const fs::path& dir, const json& manifest,
+                          int64_t owner, int64_t layer) {
+  const auto& entry = layer_entry(dir, manifest, owner);
+  if (!entry.contains("optim")) return;
+  const std::string stored_type = manifest.value("optimizer", "");
+  if (stored_type != type) {
+    throw CheckpointError(fmt::format("{} holds {} optimizer state but this run's optimizer is {}; use the "
+                                      "same \"optimizer\" type to resume",
+                                      dir.string(), stored_type, type));
+  }
+  const auto path = verified(dir, entry.at("optim"));
+  const auto params = module.ptr()->parameters();
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path.string());
+    for (size_t i = 0; i < params.size(); ++i) {
+      torch::serialize::InputArchive one;
+      if (!archive.try_read("param_" + std::to_string(i), one)) continue;
+      auto state = empty_state(type);
+      state->serialize(one);
+      optimizer.state()[state_key(params[i])] = std::move(state);
+    }
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("optimizer state of layer {} does not match {}: {}", layer, path.string(),
+                                      e.what_without_backtrace()));
+  }
+}
+
+void load_module(torch::nn::AnyModule& module, const fs::path& dir, const json& manifest, int64_t owner,
+                 int64_t layer) {
+  const auto path = verified(dir, layer_entry(dir, manifest, owner));
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(path.string());
@@ -132,6 +211,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
       for (const auto& [index, module] : engine.local_layers()) {
         if (owner[static_cast<size_t>(index)] != index) continue;
         save_module(module, partial / layer_file(index));
+        if (engine.optimizer()) save_optimizer_state(*engine.optimizer(), module, partial / optim_file(index));
       }
     }
     world.barrier("checkpoint files written");
@@ -141,9 +221,16 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
         if (owner[i] != static_cast<int64_t>(i)) continue;
         const auto path = partial / layer_file(static_cast<int64_t>(i));
         if (!fs::exists(path)) throw CheckpointError("layer file " + path.string() + " was not written");
-        files[std::to_string(i)] = {{"file", layer_file(static_cast<int64_t>(i))},
-                                    {"crc32", file_crc32(path)},
-                                    {"bytes", fs::file_size(path)}};
+        json entry = {{"file", layer_file(static_cast<int64_t>(i))},
+                      {"crc32", file_crc32(path)},
+                      {"bytes", fs::file_size(path)}};
+        const auto optim = partial / optim_file(static_cast<int64_t>(i));
+        if (fs::exists(optim)) {
+          entry["optim"] = {{"file", optim_file(static_cast<int64_t>(i))},
+                            {"crc32", file_crc32(optim)},
+                            {"bytes", fs::file_size(optim)}};
+        }
+        files[std::to_string(i)] = entry;
       }
       json manifest = {{"format", kFormat},
                        {"step", engine.global_steps()},
@@ -151,6 +238,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
                        {"written_by", {{"stages", engine.num_stages()},
                                        {"replicas", engine.num_replicas()},
                                        {"chunks", engine.num_chunks()}}},
+                       {"optimizer", engine.config().optimizer.type},
                        {"files", files}};
       if (!extra.empty()) manifest["extra"] = json::parse(extra);
       std::ofstream(partial / "manifest.json") << manifest.dump(2) << "\n";
@@ -177,6 +265,10 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
   const auto owner = owners(engine.module().layers);
   for (auto& [index, module] : engine.local_layers()) {
     load_module(module, dir, manifest, owner[static_cast<size_t>(index)], index);
+    if (engine.optimizer()) {
+      load_optimizer_state(*engine.optimizer(), engine.config().optimizer.type, module, dir, manifest,
+                           owner[static_cast<size_t>(index)], index);
+    }
   }
   engine.parameters_changed();
   const auto step = manifest.at("step").get<int64_t>();
@@ -184,7 +276,8 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
   return step;
 }
 
-int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name) {
+int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name, torch::optim::Optimizer* optimizer,
+                        const std::string& optimizer_type) {
   const fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
   check_layers(manifest, layers.specs.size(), dir);
@@ -193,6 +286,10 @@ int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name) {
   for (size_t i = 0; i < layers.modules.size(); ++i) {
     if (!seen.insert(layers.modules[i].ptr().get()).second) continue;
     load_module(layers.modules[i], dir, manifest, owner[i], static_cast<int64_t>(i));
+    if (optimizer) {
+      load_optimizer_state(*optimizer, optimizer_type, layers.modules[i], dir, manifest, owner[i],
+                           static_cast<int64_t>(i));
+    }
   }
   return manifest.at("step").get<int64_t>();
 }

@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "engine/engine_models.h"
@@ -52,15 +54,18 @@ void run_pipeline(int stages, const EngineConfig& config, const std::function<Pi
   for (const auto& e : errors) ASSERT_EQ(e, "");
 }
 
-void train_steps(PipelineEngine& engine, int steps, int64_t first) {
+// Trains steps [first, first + steps) and returns their losses.
+std::vector<double> train_steps(PipelineEngine& engine, int steps, int64_t first) {
+  std::vector<double> losses;
   for (int64_t s = first; s < first + steps; ++s) {
     int i = 0;
     FunctionIterator it([&]() -> std::optional<MicroBatch> {
       if (i >= engine.micro_batches()) return std::nullopt;
       return mlp_batch(s, 0, i++, 4, 5, 5);
     });
-    engine.train_batch(it);
+    losses.push_back(engine.train_batch(it));
   }
+  return losses;
 }
 
 class LayerCheckpoint : public ::testing::Test {
@@ -114,6 +119,91 @@ TEST_F(LayerCheckpoint, ResumesUnderAnotherLayoutAndInOneProcess) {
     if (all.count(name)) {
       EXPECT_TRUE(torch::equal(p, all.at(name))) << name;
     }
+  }
+}
+
+TEST_F(LayerCheckpoint, OptimizerStateMakesResumeExactUnderAnyLayout) {
+  // Adam: without its moments a resumed run would take different steps.
+  auto make = [] { return mlp(5, 12, 5, 4); };
+  auto config = [](int stages) {
+    auto c = ckpt_config(stages);
+    c.optimizer.type = "Adam";
+    c.optimizer.lr = 0.01;
+    return c;
+  };
+  const auto ckpt = (dir_ / "ckpt").string();
+  std::vector<double> straight;
+  std::map<std::string, torch::Tensor> final_params;
+  std::mutex mutex;
+  run_pipeline(2, config(2), make, [&](PipelineEngine& engine) {
+    train_steps(engine, 3, 0);
+    save_checkpoint(engine, ckpt);
+    const auto losses = train_steps(engine, 3, 3);
+    std::lock_guard<std::mutex> lock(mutex);
+    straight = losses;
+    for (const auto& [name, p] : engine.named_parameters()) final_params[name] = p.detach().clone();
+  });
+  ASSERT_TRUE(fs::exists(ckpt + "/layer_00000-optim.pt"));
+
+  // Same layout: bit-exact losses and parameters.
+  run_pipeline(2, config(2), make, [&](PipelineEngine& engine) {
+    EXPECT_EQ(load_checkpoint(engine, ckpt), 3);
+    const auto losses = train_steps(engine, 3, 3);
+    EXPECT_EQ(losses, straight);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [name, p] : engine.named_parameters()) EXPECT_TRUE(torch::equal(p, final_params.at(name))) << name;
+  });
+  // Another layout: the same run up to float summation order.
+  run_pipeline(3, config(3), make, [&](PipelineEngine& engine) {
+    load_checkpoint(engine, ckpt);
+    const auto losses = train_steps(engine, 3, 3);
+    ASSERT_EQ(losses.size(), straight.size());
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], straight[i], 1e-5 * std::abs(straight[i]));
+  });
+  // Without the optimizer state the run differs: the test can tell.
+  for (const auto& entry : fs::directory_iterator(ckpt)) {
+    if (entry.path().filename().string().find("-optim.pt") != std::string::npos) fs::remove(entry.path());
+  }
+  {
+    std::ifstream in(ckpt + "/manifest.json");
+    auto manifest = nlohmann::json::parse(in);
+    for (auto& [key, file] : manifest["files"].items()) file.erase("optim");
+    std::ofstream(ckpt + "/manifest.json") << manifest.dump();
+  }
+  run_pipeline(2, config(2), make, [&](PipelineEngine& engine) {
+    load_checkpoint(engine, ckpt);
+    EXPECT_NE(train_steps(engine, 3, 3), straight);
+  });
+}
+
+TEST_F(LayerCheckpoint, OneProcessLoadsOptimizerStateAndRefusesAnotherType) {
+  auto make = [] { return mlp(5, 8, 5, 3); };
+  auto config = ckpt_config(2);
+  config.optimizer.type = "Adam";
+  const auto ckpt = (dir_ / "ckpt").string();
+  run_pipeline(2, config, make, [&](PipelineEngine& engine) {
+    train_steps(engine, 2, 0);
+    save_checkpoint(engine, ckpt);
+  });
+  auto module = make();
+  auto built = build_seeded_layers(module.layers, 0, static_cast<int64_t>(module.layers.size()), 1);
+  torch::optim::Adam adam(built.parameters(), torch::optim::AdamOptions(0.01));
+  load_checkpoint(built, ckpt, &adam, "Adam");
+  ASSERT_EQ(adam.state().size(), built.parameters().size());
+  for (const auto& p : built.parameters()) {
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(
+        *adam.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+    EXPECT_EQ(state.step(), 2);
+    EXPECT_GT(state.exp_avg_sq().sum().item<double>(), 0.0);
+  }
+  torch::optim::SGD sgd(built.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  try {
+    load_checkpoint(built, ckpt, &sgd, "SGD");
+    ADD_FAILURE() << "loaded Adam state into SGD";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds Adam optimizer state but this run's optimizer is SGD"),
+              std::string::npos)
+        << e.what();
   }
 }
 

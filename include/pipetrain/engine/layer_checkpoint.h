@@ -4,6 +4,8 @@
 //
 //   <dir>/manifest.json     {"format": 1, "step": 120, "layers": 9, "files": {"0": {"crc32": ...}}}
 //   <dir>/layer_00000.pt    the module of layer 0 (parameters and buffers)
+//   <dir>/layer_00000-optim.pt  its parameters' optimizer state (momentum, Adam moments, step),
+//                               where the optimizer keeps any; the manifest names the type
 //
 // A tied module is stored once, under its first use. Writing is collective and atomic: every
 // rank writes into <dir>.partial, rank 0 checks every file and writes the manifest, then moves
@@ -22,13 +24,16 @@ namespace pipetrain {
 // text (e.g. the example name); "" for none. CheckpointError when a file cannot be written.
 void save_checkpoint(PipelineEngine& engine, const std::string& dir, const std::string& extra = "");
 
-// Loads the layers this rank holds from `dir` (written by any layout of the same model) and
-// returns the step stored there. CheckpointError for a missing or corrupt file (checksum), a
+// Loads the layers this rank holds from `dir` (written by any layout of the same model), with
+// their optimizer state, and returns the step stored there. CheckpointError for a missing or corrupt file (checksum), a
 // layer count that differs from the model's, or a module whose parameters do not match.
 int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir);
 
-// Loads every layer of a model built in one process (BuiltLayers of all specs).
-int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir);
+// Loads every layer of a model built in one process (BuiltLayers of all specs), and with an
+// optimizer over those layers' parameters, their optimizer state (`optimizer_type` as in the
+// config: SGD, Adam, AdamW, RMSprop, Adagrad).
+int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir, torch::optim::Optimizer* optimizer = nullptr,
+                        const std::string& optimizer_type = "");
 
 // The manifest's step, or -1 when `dir` holds no complete checkpoint.
 int64_t checkpoint_step(const std::string& dir);
