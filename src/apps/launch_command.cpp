@@ -1,5 +1,7 @@
 // `pipetrain launch --nproc N [options] -- CMD ARGS...`: run N ranks of a command on this
 // machine with torchrun's environment, forwarding signals and propagating the first failure.
+#include <fmt/format.h>
+
 #include <iostream>
 #include <memory>
 
@@ -17,6 +19,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
     double grace_period = comm::kDefaultGracePeriod.count() / 1000.0;
     double time_limit = 0;
     std::string log_dir;
+    int max_restarts = 0;
     std::vector<std::string> command;
   };
   auto args = std::make_shared<Args>();
@@ -38,6 +41,11 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("--time-limit", args->time_limit, "stop every rank after this many seconds (0: no limit)")
       ->capture_default_str();
   sub->add_option("--log-dir", args->log_dir, "write rank r's output to <dir>/rank_<r>.log");
+  sub->add_option("--max-restarts", args->max_restarts,
+                  "when a rank fails, restart the whole group up to K times (PIPETRAIN_RESTART_COUNT / "
+                  "TORCHELASTIC_RESTART_COUNT tell the ranks, which resume from their checkpoint)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sub->add_option("command", args->command, "the command to run and its arguments, after --")->required();
   sub->footer("Example: pipetrain launch --nproc 2 -- pipetrain train --config mlp.json");
   sub->callback([args, &exit_code] {
@@ -49,7 +57,11 @@ void add_launch_command(CLI::App& app, int& exit_code) {
         .grace_period(std::chrono::milliseconds(static_cast<int64_t>(args->grace_period * 1000)))
         .time_limit(std::chrono::milliseconds(static_cast<int64_t>(args->time_limit * 1000)))
         .log_dir(args->log_dir);
-    const comm::LaunchResult result = comm::launch(args->command, options);
+    const comm::LaunchResult result =
+        comm::launch_with_restarts(args->command, options, args->max_restarts, [&](const auto& failed, int restart) {
+          std::cerr << fmt::format("pipetrain launch: {}; restarting all ranks ({} of {})\n", failed.message, restart,
+                                   args->max_restarts);
+        });
     if (result.exit_code != 0) std::cerr << "pipetrain launch: " << result.message << "\n";
     exit_code = result.exit_code;
   });

@@ -290,4 +290,19 @@ LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions
   return result;
 }
 
+LaunchResult launch_with_restarts(const std::vector<std::string>& command, LaunchOptions options, int max_restarts,
+                                  const std::function<void(const LaunchResult&, int)>& on_restart) {
+  if (max_restarts < 0) {
+    throw ConfigError("max_restarts must be >= 0, got " + std::to_string(max_restarts));
+  }
+  for (int attempt = 0;; ++attempt) {
+    options.restart_count(attempt);
+    LaunchResult result = launch(command, options);
+    result.restarts = attempt;
+    const bool retry = result.exit_code != 0 && !result.timed_out && result.interrupted_by == 0;
+    if (!retry || attempt >= max_restarts) return result;
+    if (on_restart) on_restart(result, attempt + 1);
+  }
+}
+
 }  // namespace pipetrain::comm

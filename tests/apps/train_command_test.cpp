@@ -22,8 +22,10 @@ struct Run {
 };
 
 // stdout and stderr of the CLI, with a hard time limit so a hang fails instead of blocking CI.
-Run cli(const std::string& args, int seconds = 150) {
-  const std::string command = "timeout -s KILL " + std::to_string(seconds) + " " + PIPETRAIN_CLI_PATH + " " + args + " 2>&1";
+// `env` ("VAR=value ...") is added to the CLI's environment.
+Run cli(const std::string& args, int seconds = 150, const std::string& env = "") {
+  const std::string command = (env.empty() ? "" : "env " + env + " ") + "timeout -s KILL " + std::to_string(seconds) +
+                              " " + PIPETRAIN_CLI_PATH + " " + args + " 2>&1";
   Run r;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return r;
@@ -89,6 +91,42 @@ TEST_F(TrainCommand, MlpShortRunWritesSummaryAndRunDirectory) {
   const auto s2 = last_line_json(again.output);
   EXPECT_EQ(s2["first_step"], 3);
   EXPECT_EQ(s2["stages"], 4);
+}
+
+// The step losses of a run directory's metrics.jsonl, in order.
+std::vector<double> step_losses(const fs::path& dir) {
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<double> losses;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = json::parse(line);
+    if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+TEST_F(TrainCommand, KilledRankRestartsTheGroupWhichResumesAsIfNothingHappened) {
+  const fs::path straight = dir_ / "straight", killed = dir_ / "killed";
+  const std::string common = "train --example mlp --steps 6 --checkpoint-every 2 --run-dir ";
+  const auto a = cli(common + straight.string());
+  ASSERT_EQ(a.status, 0) << a.output;
+  // Rank 1 kills itself (SIGKILL) before step 3 of the first attempt; the checkpoint of step 2
+  // is the latest.
+  const auto b = cli(common + killed.string() + " --max-restarts 1", 150, "PIPETRAIN_FAULT_KILL_STEP=1:3");
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(b.output.find("rank 1 killed by signal 9"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("restarting all processes (1 of 1)"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("at step 2 (restart 1)"), std::string::npos) << b.output;
+  const auto want = step_losses(straight), got = step_losses(killed);
+  ASSERT_EQ(want.size(), 6u);
+  EXPECT_EQ(got, want) << "same layout, optimizer state restored: bit-identical losses";
+  EXPECT_EQ(last_line_json(b.output)["final_loss"], last_line_json(a.output)["final_loss"]);
+
+  // Without restarts the failure is the command's: non-zero, naming the rank.
+  const auto c = cli(common + (dir_ / "fails").string(), 150, "PIPETRAIN_FAULT_KILL_STEP=0:1");
+  EXPECT_NE(c.status, 0);
+  EXPECT_NE(c.output.find("rank 0 killed by signal 9"), std::string::npos) << c.output;
 }
 
 TEST_F(TrainCommand, CnnShortRunReportsAccuracy) {

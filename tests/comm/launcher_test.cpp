@@ -88,6 +88,35 @@ TEST(Launch, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
 }
 
+TEST(Launch, RestartsTheGroupAfterAFailureUpToTheLimit) {
+  LaunchOptions o;
+  o.nproc(2).time_limit(30s).grace_period(2s);
+  // Rank 1 fails on the first attempt only; every rank sees the restart count.
+  const std::vector<std::string> flaky{
+      "sh", "-c", "if [ \"$RANK\" = 1 ] && [ \"$PIPETRAIN_RESTART_COUNT\" = 0 ]; then exit 3; fi; "
+                  "test \"$TORCHELASTIC_RESTART_COUNT\" = \"$PIPETRAIN_RESTART_COUNT\""};
+  std::vector<std::string> heard;
+  auto result = launch_with_restarts(flaky, o, 2, [&](const LaunchResult& failed, int restart) {
+    heard.push_back(failed.message + " -> restart " + std::to_string(restart));
+  });
+  EXPECT_EQ(result.exit_code, 0) << result.message;
+  EXPECT_EQ(result.restarts, 1);
+  ASSERT_EQ(heard.size(), 1u);
+  EXPECT_EQ(heard[0].rfind("rank 1 exited with status 3", 0), 0u) << heard[0];
+  EXPECT_NE(heard[0].find("-> restart 1"), std::string::npos);
+
+  // Always failing: the limit holds and the last failure is returned.
+  result = launch_with_restarts({"sh", "-c", "exit 4"}, o, 2);
+  EXPECT_EQ(result.exit_code, 4);
+  EXPECT_EQ(result.restarts, 2);
+  // A time limit is not a fault to retry.
+  o.time_limit(300ms).grace_period(300ms);
+  result = launch_with_restarts({"sleep", "30"}, o, 3);
+  EXPECT_TRUE(result.timed_out);
+  EXPECT_EQ(result.restarts, 0);
+  EXPECT_THROW(launch_with_restarts({"true"}, o, -1), ConfigError);
+}
+
 TEST(Launch, TimeLimitStopsEveryRank) {
   SpawnOptions o;
   o.nproc = 2;
@@ -191,6 +220,15 @@ TEST(LaunchCli, ExitsWithTheFailedRanksStatusAndNamesIt) {
   EXPECT_EQ(cli.wait(20s), 3);
   EXPECT_NE(cli.output().find("pipetrain launch: rank 1 exited with status 3; stopped rank 0"), std::string::npos)
       << cli.output();
+}
+
+TEST(LaunchCli, MaxRestartsRestartsTheGroupAndSaysSo) {
+  CliProcess cli({"launch", "--nproc", "2", "--max-restarts", "1", "--", "sh", "-c",
+                  "if [ \"$RANK\" = 0 ] && [ \"$PIPETRAIN_RESTART_COUNT\" = 0 ]; then exit 7; fi; exit 0"},
+                 temp_log("launch-restart"));
+  EXPECT_EQ(cli.wait(20s), 0) << cli.output();
+  EXPECT_NE(cli.output().find("pipetrain launch: rank 0 exited with status 7"), std::string::npos) << cli.output();
+  EXPECT_NE(cli.output().find("restarting all ranks (1 of 1)"), std::string::npos) << cli.output();
 }
 
 TEST(LaunchCli, ForwardsSigtermAndLeavesNoProcessBehind) {

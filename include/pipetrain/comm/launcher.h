@@ -10,6 +10,7 @@
 #include <torch/arg.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -66,6 +67,7 @@ struct LaunchResult {
   std::vector<RankExit> ranks;
   bool timed_out = false;
   int interrupted_by = 0;  // the signal that stopped the job, 0 if none
+  int restarts = 0;        // launch_with_restarts: how many times the group was restarted
   int master_port = 0;
   int threads_per_rank = 0;
   double seconds = 0;
@@ -77,6 +79,13 @@ struct LaunchResult {
 // ConfigError for bad options or a command that cannot be found. One launch per process at
 // a time.
 LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions& options);
+
+// torchrun's elastic restarts on one machine: launch(), and while a rank fails (not a time
+// limit, not an interrupt) restart the whole group, at most `max_restarts` times, with
+// restart_count 1, 2, ... so the ranks can resume from their latest checkpoint. `on_restart`
+// hears of each failure before its restart. Returns the last attempt's result.
+LaunchResult launch_with_restarts(const std::vector<std::string>& command, LaunchOptions options, int max_restarts,
+                                  const std::function<void(const LaunchResult& failed, int restart)>& on_restart = {});
 
 // "SIGKILL" for 9.
 std::string signal_name(int signal);

@@ -21,6 +21,7 @@ std::vector<std::string> TrainArgs::worker_arguments() const {
   add("--eval-every", eval_every, eval_every > 0);
   add("--eval-samples", eval_samples, eval_samples > 0);
   add("--log-every", log_every, log_every > 0);
+  add("--checkpoint-every", checkpoint_every, checkpoint_every > 0);
   if (resume) a.push_back("--resume");
   return a;
 }
@@ -47,6 +48,13 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
   sub.add_option("--run-dir", args->run_dir, "where metrics, plots, trace, checkpoint and summary go "
                                              "(default runs/<example>-<time>)");
   sub.add_flag("--resume", args->resume, "continue from the checkpoint in --run-dir (any stage count)");
+  sub.add_option("--checkpoint-every", args->checkpoint_every,
+                 "also save the checkpoint every N steps (a restart resumes from the latest)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--max-restarts", args->max_restarts,
+                 "when a process fails, restart them all up to K times; they resume from the latest "
+                 "checkpoint by themselves")
+      ->check(CLI::NonNegativeNumber);
   sub.add_option("--eval-every", args->eval_every, "evaluate every K steps as well as at the end");
   sub.add_option("--eval-samples", args->eval_samples, "evaluate on the first N samples only");
   sub.add_option("--log-every", args->log_every, "steps between progress lines when not on a terminal");

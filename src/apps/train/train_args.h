@@ -22,6 +22,8 @@ struct TrainArgs {
   std::string config_file;
   std::string run_dir;
   bool resume = false;
+  int64_t checkpoint_every = 0;  // also save every N steps (0: at the end only)
+  int max_restarts = 0;          // restart the ranks after a failure, resuming from the checkpoint
   int64_t eval_every = 0;
   int64_t eval_samples = 0;  // 0: the whole evaluation set
   int64_t log_every = 0;     // 0: about 20 lines per run

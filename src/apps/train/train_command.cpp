@@ -83,7 +83,11 @@ int run_train(TrainArgs args) {
   comm::LaunchOptions options;
   options.nproc(stages * args.replicas).threads_per_rank(args.threads_per_rank);
   if (args.time_limit > 0) options.time_limit(std::chrono::milliseconds(static_cast<int64_t>(args.time_limit * 1000)));
-  const auto launched = comm::launch(command, options);
+  const auto launched = comm::launch_with_restarts(command, options, args.max_restarts, [&](const auto& failed, int n) {
+    std::cout << fmt::format("pipetrain train: {}; restarting all processes ({} of {}), resuming from {}\n",
+                             failed.message, n, args.max_restarts, (fs::path(args.run_dir) / "checkpoint").string())
+              << std::flush;
+  });
   if (launched.exit_code != 0) {
     std::cerr << "pipetrain train: " << launched.message << "\n";
     return launched.exit_code;

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -126,6 +129,49 @@ EngineConfig make_train_config(const TrainArgs& args, const examples::Example& e
   return config;
 }
 
+namespace {
+
+// The launcher's restart count (0 on the first attempt).
+int restart_count() {
+  for (const char* name : {"PIPETRAIN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return 0;
+}
+
+// Fault injection for restart drills and tests: PIPETRAIN_FAULT_KILL_STEP="RANK:STEP" makes
+// that rank kill itself (SIGKILL) before step STEP of the first attempt. -1: no fault here.
+int64_t fault_kill_step(int rank, int restart) {
+  const char* v = std::getenv("PIPETRAIN_FAULT_KILL_STEP");
+  if (!v || restart > 0) return -1;
+  int r = -1;
+  long long step = -1;
+  if (std::sscanf(v, "%d:%lld", &r, &step) != 2) {
+    throw ConfigError(fmt::format("PIPETRAIN_FAULT_KILL_STEP='{}' is not RANK:STEP (e.g. 1:3)", v));
+  }
+  return r == rank ? step : -1;
+}
+
+// A resumed run logs its steps again from `first` on: drop the lines of later steps.
+void keep_metrics_until(const fs::path& path, int64_t first) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::vector<std::string> kept;
+  std::string line;
+  while (std::getline(in, line)) {
+    try {
+      if (json::parse(line).value("step", int64_t{0}) <= first) kept.push_back(line);
+    } catch (const std::exception&) {
+      // a line cut by the crash
+    }
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  for (const auto& l : kept) out << l << "\n";
+}
+
+}  // namespace
+
 int run_train_worker(const TrainArgs& args) {
   const double t_start = now_s();
   const auto ex = make_train_example(args);
@@ -138,16 +184,25 @@ int run_train_worker(const TrainArgs& args) {
   const fs::path run_dir(args.run_dir);
   const auto checkpoint_dir = (run_dir / "checkpoint").string();
 
+  // After a restart (pipetrain launch / train --max-restarts, or torchrun) resume by ourselves.
+  const int restart = restart_count();
+  const bool resume = args.resume || (restart > 0 && checkpoint_step(checkpoint_dir) >= 0);
   int64_t first = 0;
-  if (args.resume) {
+  if (resume) {
     first = load_checkpoint(engine, checkpoint_dir);
-    if (lead) std::cout << fmt::format("resumed from {} at step {}", checkpoint_dir, first) << std::endl;
+    if (lead) {
+      std::cout << fmt::format("resumed from {} at step {}{}", checkpoint_dir, first,
+                               restart > 0 ? fmt::format(" (restart {})", restart) : "")
+                << std::endl;
+      keep_metrics_until(run_dir / "metrics.jsonl", first);
+    }
   }
+  const auto kill_at = fault_kill_step(comm->rank(), restart);
   const int64_t total = total_steps(args, ex);
   const int64_t log_every = args.log_every > 0 ? args.log_every : std::max<int64_t>(1, total / 20);
   Progress progress(std::cout, first, total, lead && ::isatty(STDOUT_FILENO), log_every);
   std::ofstream metrics;
-  if (lead) metrics.open(run_dir / "metrics.jsonl", args.resume ? std::ios::app : std::ios::trunc);
+  if (lead) metrics.open(run_dir / "metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
 
   double train_seconds = 0;
   int64_t samples = 0;
@@ -163,6 +218,7 @@ int run_train_worker(const TrainArgs& args) {
     return e;
   };
   for (int64_t step = first; step < total; ++step) {
+    if (kill_at == step) ::raise(SIGKILL);
     auto it = ex.train_iterator(engine.replica(), step, 1);
     const double t0 = now_s();
     last_loss = engine.train_batch(*it);
@@ -179,6 +235,9 @@ int run_train_worker(const TrainArgs& args) {
       metrics.flush();
     }
     if (args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < total) run_eval(step + 1);
+    if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0 && step + 1 < total) {
+      save_checkpoint(engine, checkpoint_dir, json({{"example", ex.name}}).dump());
+    }
   }
   progress.finish();
 
