@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "pipetrain/error.h"
 
 namespace pipetrain {
@@ -110,6 +112,47 @@ TEST(EngineConfig, WarmupSchedules) {
   EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})")
                 .find("total_num_steps"),
             std::string::npos);
+}
+
+// Bounded fuzzing: mutated and truncated configs either parse or raise ConfigError; nothing
+// else escapes (no nlohmann exception, no crash), whatever the bytes.
+TEST(EngineConfig, FuzzMutatedDocumentsGiveConfigErrorsOnly) {
+  const std::string good = R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
+    "gradient_accumulation_steps": 8, "gradient_clipping": 1.0, "seed": 3,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": [0.9, 0.99], "eps": 1e-8}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5, "total_num_steps": 50}},
+    "pipeline": {"stages": 2, "schedule": "1f1b", "partition_method": "uniform", "comm_timeout_s": 30,
+                 "activation_checkpoint_interval": 1, "deferred_linear": true, "gemm_kernel": "auto"}})";
+  ASSERT_EQ(error_of(good), "");
+  const std::string alphabet = "{}[]\",:0123456789.-eE truefalsnul\\x";
+  std::mt19937 rng(2026);
+  int parsed = 0, rejected = 0;
+  for (int i = 0; i < 5000; ++i) {
+    std::string text = good;
+    const int edits = 1 + static_cast<int>(rng() % 6);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng() % text.size();
+      switch (rng() % 4) {
+        case 0: text[at] = alphabet[rng() % alphabet.size()]; break;                  // replace
+        case 1: text.insert(at, 1, alphabet[rng() % alphabet.size()]); break;         // insert
+        case 2: text.erase(at, 1 + rng() % 8); break;                                  // delete
+        default: text[at] = static_cast<char>(rng() % 256); break;                     // any byte
+      }
+      if (text.empty()) text = "{";
+    }
+    if (rng() % 8 == 0) text.resize(rng() % text.size());
+    try {
+      EngineConfig::from_json_text(text, "fuzz.json");
+      ++parsed;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("fuzz.json"), std::string::npos) << e.what();
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a ConfigError: " << e.what() << "\ninput: " << text;
+    }
+  }
+  EXPECT_GT(parsed, 0);
+  EXPECT_GT(rejected, 0);
 }
 
 }  // namespace
