@@ -16,6 +16,7 @@
 #include "pipetrain/comm/launcher.h"
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/error.h"
+#include "support/child_process.h"
 #include "support/ranks.h"
 
 namespace pipetrain::comm {
@@ -136,61 +137,12 @@ TEST(Launch, BadOptionsAndCommands) {
 }
 
 // Runs the pipetrain CLI as a child process (not through launch(), so the test can signal it).
-struct CliProcess {
-  pid_t pid = -1;
-  std::string log;
-  CliProcess(const std::vector<std::string>& args, const std::string& log_path) : log(log_path) {
-    std::vector<std::string> argv{PIPETRAIN_CLI_PATH};
-    argv.insert(argv.end(), args.begin(), args.end());
-    pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> raw;
-      for (auto& a : argv) raw.push_back(a.data());
-      raw.push_back(nullptr);
-      execv(raw[0], raw.data());
-      _exit(127);
-    }
-  }
-  std::string output() const {
-    std::ifstream in(log);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-  // Waits until the output contains `count` lines matching `needle` (or the deadline).
-  bool wait_for(const std::string& needle, int count, std::chrono::milliseconds limit) const {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      const std::string out = output();
-      int found = 0;
-      for (size_t pos = out.find(needle); pos != std::string::npos; pos = out.find(needle, pos + 1)) ++found;
-      if (found >= count) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
-  }
-  // Exit status, or -1 if it did not end in time (then it is killed).
-  int wait(std::chrono::milliseconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    int status = 0;
-    while (std::chrono::steady_clock::now() < until) {
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    kill(-pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    pid = -1;
-    return -1;
-  }
-  ~CliProcess() {
-    if (pid > 0) wait(0ms);
+struct CliProcess : testing::ChildProcess {
+  CliProcess(const std::vector<std::string>& args, const std::string& log_path)
+      : ChildProcess(with_cli(args), log_path) {}
+  static std::vector<std::string> with_cli(std::vector<std::string> args) {
+    args.insert(args.begin(), PIPETRAIN_CLI_PATH);
+    return args;
   }
 };
 
