@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -20,6 +21,24 @@ using json = nlohmann::json;
 namespace {
 
 constexpr int kFormat = 1;
+
+std::function<void(const std::string&)>& fault_hook() {
+  static std::function<void(const std::string&)> hook;
+  return hook;
+}
+
+void at_phase(const char* phase) {
+  if (fault_hook()) fault_hook()(phase);
+}
+
+// Where the checkpoint named `dir` is: `dir`, or `dir.old` when a save died between moving
+// the previous checkpoint aside and moving the new one in.
+fs::path resolve_dir(const fs::path& dir) {
+  if (fs::exists(dir / "manifest.json")) return dir;
+  const fs::path old(dir.string() + ".old");
+  if (fs::exists(old / "manifest.json")) return old;
+  return dir;
+}
 
 std::string layer_file(int64_t index) { return fmt::format("layer_{:05d}.pt", index); }
 std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
@@ -90,7 +109,8 @@ std::vector<int64_t> owners(const std::vector<LayerSpec>& specs) {
   return out;
 }
 
-json read_manifest(const fs::path& dir) {
+json read_manifest(fs::path& dir) {
+  dir = resolve_dir(dir);
   const auto path = dir / "manifest.json";
   std::ifstream in(path);
   if (!in) {
@@ -206,6 +226,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
       fs::create_directories(partial);
     }
     world.barrier("checkpoint start");
+    at_phase("start");
     // Replicas hold equal weights: replica 0 writes.
     if (engine.replica() == 0) {
       for (const auto& [index, module] : engine.local_layers()) {
@@ -214,6 +235,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
         if (engine.optimizer()) save_optimizer_state(*engine.optimizer(), module, partial / optim_file(index));
       }
     }
+    at_phase("files");
     world.barrier("checkpoint files written");
     if (comm.rank() == 0) {
       json files = json::object();
@@ -242,9 +264,16 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
                        {"files", files}};
       if (!extra.empty()) manifest["extra"] = json::parse(extra);
       std::ofstream(partial / "manifest.json") << manifest.dump(2) << "\n";
+      at_phase("manifest");
       const fs::path old(dir_name + ".old");
+      // A previous save that died mid-swap left the newest complete checkpoint in .old.
+      if (!fs::exists(dir / "manifest.json") && fs::exists(old / "manifest.json")) {
+        fs::remove_all(dir);
+        fs::rename(old, dir);
+      }
       fs::remove_all(old);
       if (fs::exists(dir)) fs::rename(dir, old);
+      at_phase("swap");
       fs::rename(partial, dir);
       fs::remove_all(old);
     }
@@ -258,8 +287,12 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
   }
 }
 
+void set_checkpoint_fault_hook(std::function<void(const std::string& phase)> hook) {
+  fault_hook() = std::move(hook);
+}
+
 int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
-  const fs::path dir(dir_name);
+  fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
   check_layers(manifest, engine.module().layers.size(), dir);
   const auto owner = owners(engine.module().layers);
@@ -278,7 +311,7 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
 
 int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name, torch::optim::Optimizer* optimizer,
                         const std::string& optimizer_type) {
-  const fs::path dir(dir_name);
+  fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
   check_layers(manifest, layers.specs.size(), dir);
   const auto owner = owners(layers.specs);
@@ -294,8 +327,9 @@ int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name, torch:
   return manifest.at("step").get<int64_t>();
 }
 
-int64_t checkpoint_step(const std::string& dir) {
+int64_t checkpoint_step(const std::string& dir_name) {
   try {
+    fs::path dir(dir_name);
     const auto m = read_manifest(dir);
     return m.at("step").get<int64_t>();
   } catch (const std::exception&) {

@@ -129,6 +129,28 @@ TEST_F(TrainCommand, KilledRankRestartsTheGroupWhichResumesAsIfNothingHappened) 
   EXPECT_NE(c.output.find("rank 0 killed by signal 9"), std::string::npos) << c.output;
 }
 
+TEST_F(TrainCommand, KillDuringACheckpointKeepsThePreviousOneAndTheRunResumes) {
+  const fs::path straight = dir_ / "straight";
+  const std::string common = "train --example mlp --steps 6 --checkpoint-every 2 --max-restarts 1 --run-dir ";
+  const auto a = cli(common + straight.string());
+  ASSERT_EQ(a.status, 0) << a.output;
+  const auto want = step_losses(straight);
+  // Rank 0 dies in its second save (step 4) at each phase; the restart finds the checkpoint of
+  // step 2 (in checkpoint/, or checkpoint.old/ when the crash came mid-swap) and the losses
+  // come out the same.
+  for (const char* phase : {"files", "manifest", "swap"}) {
+    SCOPED_TRACE(phase);
+    const fs::path run = dir_ / phase;
+    const auto b = cli(common + run.string(), 150, std::string("PIPETRAIN_FAULT_KILL_CHECKPOINT=0:") + phase + ":2");
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_NE(b.output.find("rank 0 killed by signal 9"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("at step 2 (restart 1)"), std::string::npos) << b.output;
+    EXPECT_EQ(step_losses(run), want);
+    EXPECT_TRUE(fs::exists(run / "checkpoint" / "manifest.json"));
+    EXPECT_FALSE(fs::exists(run / "checkpoint.old"));
+  }
+}
+
 TEST_F(TrainCommand, CnnShortRunReportsAccuracy) {
   const auto r = cli("train --steps 4 --eval-samples 500 --run-dir " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.output;

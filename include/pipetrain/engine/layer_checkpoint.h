@@ -9,10 +9,12 @@
 //
 // A tied module is stored once, under its first use. Writing is collective and atomic: every
 // rank writes into <dir>.partial, rank 0 checks every file and writes the manifest, then moves
-// the directory into place, so a crash leaves the previous checkpoint intact.
+// the directory into place, so a crash leaves the previous checkpoint intact (loads fall back to
+// <dir>.old when a crash came between the two renames).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "pipetrain/engine/pipeline_engine.h"
@@ -37,5 +39,12 @@ int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir, torch::opti
 
 // The manifest's step, or -1 when `dir` holds no complete checkpoint.
 int64_t checkpoint_step(const std::string& dir);
+
+// Fault injection for drills and tests: called on every rank at each phase of save_checkpoint
+// ("start", "files": this rank's files written; rank 0 only: "manifest": written into
+// <dir>.partial, "swap": the previous checkpoint moved to <dir>.old). A hook that kills the
+// process shows what a crash there leaves: load_checkpoint and checkpoint_step still find the
+// previous checkpoint (in <dir>, or in <dir>.old after a crash mid-swap). Empty: none.
+void set_checkpoint_fault_hook(std::function<void(const std::string& phase)> hook);
 
 }  // namespace pipetrain

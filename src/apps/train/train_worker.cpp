@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "apps/examples/example.h"
@@ -152,6 +153,26 @@ int64_t fault_kill_step(int rank, int restart) {
   return r == rank ? step : -1;
 }
 
+// PIPETRAIN_FAULT_KILL_CHECKPOINT="RANK:PHASE:N": that rank kills itself (SIGKILL) at PHASE
+// (start, files, manifest, swap: see set_checkpoint_fault_hook) of its N-th checkpoint save of
+// the first attempt.
+void install_checkpoint_fault(int rank, int restart) {
+  const char* v = std::getenv("PIPETRAIN_FAULT_KILL_CHECKPOINT");
+  if (!v || restart > 0) return;
+  int r = -1, n = 0;
+  char phase[16] = {0};
+  if (std::sscanf(v, "%d:%15[a-z]:%d", &r, phase, &n) != 3 || n < 1) {
+    throw ConfigError(fmt::format("PIPETRAIN_FAULT_KILL_CHECKPOINT='{}' is not RANK:PHASE:N (e.g. 0:manifest:2)", v));
+  }
+  if (r != rank) return;
+  auto saves = std::make_shared<int>(0);
+  const std::string target = phase;
+  set_checkpoint_fault_hook([saves, target, n](const std::string& at) {
+    if (at == "start") ++*saves;
+    if (at == target && *saves == n) ::raise(SIGKILL);
+  });
+}
+
 // A resumed run logs its steps again from `first` on: drop the lines of later steps.
 void keep_metrics_until(const fs::path& path, int64_t first) {
   std::ifstream in(path);
@@ -198,6 +219,7 @@ int run_train_worker(const TrainArgs& args) {
     }
   }
   const auto kill_at = fault_kill_step(comm->rank(), restart);
+  install_checkpoint_fault(comm->rank(), restart);
   const int64_t total = total_steps(args, ex);
   const int64_t log_every = args.log_every > 0 ? args.log_every : std::max<int64_t>(1, total / 20);
   Progress progress(std::cout, first, total, lead && ::isatty(STDOUT_FILENO), log_every);
