@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "engine/engine_models.h"
+#include "pipetrain/engine/gpipe.h"
 #include "engine/engine_oracle.h"
 
 namespace pipetrain::testing {
@@ -174,6 +175,44 @@ TEST_F(LayerCheckpoint, OptimizerStateMakesResumeExactUnderAnyLayout) {
     load_checkpoint(engine, ckpt);
     EXPECT_NE(train_steps(engine, 3, 3), straight);
   });
+}
+
+TEST_F(LayerCheckpoint, FourStagesContinueInOneProcessGPipeWithTheirAdamState) {
+  auto make = [] { return mlp(5, 12, 5, 4); };  // 7 layers
+  auto config = ckpt_config(4);
+  config.optimizer.type = "Adam";
+  config.optimizer.lr = 0.01;
+  const auto ckpt = (dir_ / "ckpt").string();
+  std::vector<double> straight;
+  std::mutex mutex;
+  run_pipeline(4, config, make, [&](PipelineEngine& engine) {
+    train_steps(engine, 3, 0);
+    save_checkpoint(engine, ckpt);
+    const auto losses = train_steps(engine, 3, 3);
+    std::lock_guard<std::mutex> lock(mutex);
+    straight = losses;
+  });
+  auto module = make();
+  auto built = build_seeded_layers(module.layers, 0, static_cast<int64_t>(module.layers.size()), 1);
+  torch::nn::Sequential sequential;
+  for (size_t i = 0; i < built.modules.size(); ++i) sequential->push_back(std::to_string(i), built.modules[i]);
+  GPipe gpipe(sequential, GPipeOptions({4, 3}).chunks(4).checkpoint(Checkpoint::Never));
+  torch::optim::Adam adam(gpipe->parameters(), torch::optim::AdamOptions(0.01));
+  EXPECT_EQ(load_checkpoint(built, ckpt, &adam, "Adam"), 3);
+  for (int64_t step = 3; step < 6; ++step) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int i = 0; i < 4; ++i) {
+      const auto mb = mlp_batch(step, 0, i, 4, 5, 5);
+      xs.push_back(mb.inputs.tensor());
+      ys.push_back(mb.labels.tensor());
+    }
+    // Equal micro-batches: the mean over all rows is the engine's mean of micro-batch means.
+    adam.zero_grad();
+    auto loss = torch::mse_loss(gpipe->forward(torch::cat(xs)), torch::cat(ys));
+    loss.backward();
+    adam.step();
+    EXPECT_NEAR(loss.item<double>(), straight[static_cast<size_t>(step - 3)], 1e-5 * straight[0]) << "step " << step;
+  }
 }
 
 TEST_F(LayerCheckpoint, OneProcessLoadsOptimizerStateAndRefusesAnotherType) {
