@@ -215,6 +215,41 @@ TEST_F(LayerCheckpoint, FourStagesContinueInOneProcessGPipeWithTheirAdamState) {
   }
 }
 
+TEST_F(LayerCheckpoint, FourStagesResumeAsTwoStagesTimesTwoReplicas) {
+  auto make = [] { return mlp(5, 12, 5, 4); };
+  auto config = ckpt_config(4);
+  config.optimizer.type = "Adam";
+  config.optimizer.lr = 0.01;
+  const auto ckpt = (dir_ / "ckpt").string();
+  std::vector<double> straight;
+  std::mutex mutex;
+  run_pipeline(4, config, make, [&](PipelineEngine& engine) {
+    train_steps(engine, 2, 0);
+    save_checkpoint(engine, ckpt);
+    const auto losses = train_steps(engine, 2, 2);
+    std::lock_guard<std::mutex> lock(mutex);
+    straight = losses;
+  });
+  // 2 stages x 2 replicas over the same 4 ranks: each replica takes half of every step's
+  // micro-batches, so the step sees the same batch.
+  auto wide = ckpt_config(2);
+  wide.optimizer = config.optimizer;
+  wide.gradient_accumulation_steps = 2;
+  run_pipeline(4, wide, make, [&](PipelineEngine& engine) {
+    ASSERT_EQ(engine.num_replicas(), 2);
+    EXPECT_EQ(load_checkpoint(engine, ckpt), 2);
+    for (int64_t step = 2; step < 4; ++step) {
+      int i = 0;
+      FunctionIterator it([&]() -> std::optional<MicroBatch> {
+        if (i >= engine.micro_batches()) return std::nullopt;
+        return mlp_batch(step, 0, engine.replica() * 2 + i++, 4, 5, 5);
+      });
+      const double loss = engine.train_batch(it);
+      EXPECT_NEAR(loss, straight[static_cast<size_t>(step - 2)], 1e-5 * straight[0]) << "step " << step;
+    }
+  });
+}
+
 TEST_F(LayerCheckpoint, OneProcessLoadsOptimizerStateAndRefusesAnotherType) {
   auto make = [] { return mlp(5, 8, 5, 3); };
   auto config = ckpt_config(2);
