@@ -91,6 +91,10 @@ torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
     throw BatchError("Linear layer expects inputs of shape (..., " + std::to_string(in) + "), got " +
                      c10::str(x.sizes()));
   }
+  if (x.scalar_type() != weight.scalar_type()) {
+    throw BatchError(std::string("Linear layer expects ") + c10::toString(weight.scalar_type()) + " inputs, got " +
+                     c10::toString(x.scalar_type()) + "; convert the batch (or the model) to one dtype");
+  }
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = weight.size(0);
   const auto x2d = x.reshape({-1, in});

@@ -212,7 +212,19 @@ class Executor {
       result_.outputs[a.micro_batch] = out.with(std::move(detached));
     }
     if (!s_.loss) return;
-    torch::Tensor loss = s_.loss(out, (*s_.data)[a.micro_batch].labels);
+    const Batch& labels = (*s_.data)[a.micro_batch].labels;
+    torch::Tensor loss;
+    try {
+      loss = s_.loss(out, labels);
+    } catch (const c10::Error& e) {
+      // Most often labels that do not fit the model's output: say which shapes met.
+      std::string shapes;
+      for (const auto& t : out.tensors()) shapes += (shapes.empty() ? "" : ", ") + c10::str(t.sizes());
+      std::string label_shapes;
+      for (const auto& t : labels.tensors()) label_shapes += (label_shapes.empty() ? "" : ", ") + c10::str(t.sizes());
+      throw BatchError("the loss of micro-batch " + std::to_string(a.micro_batch) + " failed on output " + shapes +
+                       " and labels " + label_shapes + ": " + e.what_without_backtrace());
+    }
     if (!loss.defined() || loss.numel() != 1) {
       throw BatchError("the loss function must return a scalar, got " +
                        (loss.defined() ? c10::str(loss.sizes()) : std::string("an undefined tensor")));

@@ -118,6 +118,46 @@ TEST(EngineApi, DataRunningOutFailsEveryRankQuickly) {
   EXPECT_NE(errors[1], "");
 }
 
+TEST(EngineApi, BadlyShapedBatchesFailEveryRankNamingTheStage) {
+  // Inputs with 7 features instead of 6 (first stage), then labels with 4 columns instead of 3
+  // (last stage, in the loss), then float token ids where a Linear gets int64 (first stage).
+  struct Case {
+    const char* what;
+    std::function<MicroBatch(int)> batch;
+    int failing;          // the rank whose stage meets the bad tensor
+    const char* message;  // in that rank's error
+  };
+  const std::vector<Case> cases{
+      {"inputs", [](int i) { return MicroBatch{Batch(torch::randn({4, 7})), mlp_batch(0, 0, i, 4, 6, 3).labels}; }, 0,
+       "stage 0"},
+      {"labels", [](int i) { return MicroBatch{mlp_batch(0, 0, i, 4, 6, 3).inputs, Batch(torch::randn({4, 4}))}; }, 2,
+       "the loss of micro-batch 0 failed on output [4, 3] and labels [4, 4]"},
+      {"dtype", [](int i) { return MicroBatch{Batch(torch::ones({4, 6}, torch::kLong)), mlp_batch(0, 0, i, 4, 6, 3).labels}; },
+       0, "Linear layer expects Float inputs, got Long"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto start = std::chrono::steady_clock::now();
+    auto errors = on_ranks(3, small_config(2), [] { return mlp(6, 8, 3, 3); }, [&](PipelineEngine& engine, int) {
+      auto i = std::make_shared<int>(0);
+      FunctionIterator it([&, i]() -> std::optional<MicroBatch> {
+        if (*i >= 2) return std::nullopt;
+        return c.batch((*i)++);
+      });
+      engine.train_batch(it);
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 10.0) << "ranks must not wait for the timeout";
+    for (size_t r = 0; r < errors.size(); ++r) EXPECT_NE(errors[r], "") << "rank " << r << " returned";
+    EXPECT_NE(errors[static_cast<size_t>(c.failing)].find(c.message), std::string::npos) << errors[c.failing];
+    EXPECT_NE(errors[static_cast<size_t>(c.failing)].find("BatchError"), std::string::npos) << errors[c.failing];
+    for (size_t r = 0; r < errors.size(); ++r) {
+      if (static_cast<int>(r) == c.failing) continue;
+      EXPECT_NE(errors[r].find("PeerError"), std::string::npos) << errors[r];
+    }
+  }
+}
+
 TEST(EngineApi, NonFiniteLossRaisesOrSkips) {
   auto nan_data = [](int64_t step) {
     auto i = std::make_shared<int>(0);
