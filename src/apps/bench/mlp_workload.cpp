@@ -1,6 +1,8 @@
 // WORKLOADS.md's "mlp": the model, its initialisation stream and its data.
 #include "apps/bench/mlp_workload.h"
 
+#include "apps/data/mlp_workload.h"
+
 #include "pipetrain/error.h"
 
 namespace pipetrain::apps {
@@ -27,14 +29,12 @@ MlpWorkload make_mlp_workload(const std::string& name) {
   } else {
     throw ConfigError("unknown workload \"" + name + "\"; use mlp or mlp-4 (shared/bench/WORKLOADS.md)");
   }
-  torch::manual_seed(0);
-  for (int i = 0; i < MlpWorkload::kLinears; ++i) {
-    torch::nn::Linear layer(MlpWorkload::kWidth, MlpWorkload::kWidth);
-    w.weights.push_back(layer->weight.detach().clone());
-    w.biases.push_back(layer->bias.detach().clone());
-  }
-  w.x = torch::randn({MlpWorkload::kRows, MlpWorkload::kWidth});
-  w.y = torch::randn({MlpWorkload::kRows, MlpWorkload::kWidth});
+  // The one copy of WORKLOADS.md's generator stream (shared with the "mlp" example).
+  const auto& drawn = data::mlp_workload();
+  w.weights = drawn.weights;
+  w.biases = drawn.biases;
+  w.x = drawn.x;
+  w.y = drawn.y;
   return w;
 }
 

@@ -27,8 +27,8 @@ struct MlpWorkload {
   static constexpr double kFlopsPerStep = 47.0 * 2.0 * 256 * 1024 * 1024;
 };
 
-// Seeds the default generator with 0 and draws weights, biases, x and y in WORKLOADS.md's
-// order. ConfigError for a name other than "mlp" or "mlp-4".
+// The workload's weights, biases, x and y (data::mlp_workload(), drawn once per process in
+// WORKLOADS.md's order) and its layout. ConfigError for a name other than "mlp" or "mlp-4".
 MlpWorkload make_mlp_workload(const std::string& name);
 
 // The model as layer specs whose modules start from the workload's weights (whatever seed
