@@ -3,10 +3,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+
 #include "pipetrain/batch/microbatch.h"
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/dropout.h"
+#include "pipetrain/skip/plan.h"
 
 namespace pipetrain {
 namespace {
@@ -50,6 +53,17 @@ GPipeImpl::GPipeImpl(const torch::nn::Sequential& module, const GPipeOptions& op
                  ? runtime::default_devices(static_cast<int64_t>(options_.balance().size()))
                  : options_.devices();
   stages_ = split_module(model, options_.balance(), devices_);
+  // Checked before the first forward, so a bad declaration never meets a half-run pipeline.
+  const auto declarations = skip::declarations_of(model);
+  if (std::any_of(declarations.begin(), declarations.end(), [](const auto& d) { return !d.empty(); })) {
+    std::vector<std::string> names;
+    for (const auto& layer : *model) {
+      auto s = skip::as_skippable(layer.ptr());
+      names.push_back(s ? s->layer_name() : layer.ptr()->name());
+    }
+    auto plan = std::make_shared<const skip::SkipPlan>(declarations, names);
+    for (auto& stage : stages_) stage.skips = plan;
+  }
 
   auto partitions = torch::nn::ModuleList();
   for (const auto& stage : stages_) {

@@ -7,34 +7,36 @@
 #include <future>
 
 #include "pipetrain/error.h"
-#include "pipetrain/runtime/checkpoint.h"
 #include "pipetrain/runtime/clock.h"
 #include "pipetrain/runtime/dependency.h"
 #include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/rng.h"
+#include "pipetrain/runtime/skip_range.h"
 
 namespace pipetrain::runtime {
 namespace {
 
 // Micro-batch i through stage j, checkpointed or not; runs on worker j.
 Batch run_task(const Stage& stage, const Batch& input, int64_t i, bool checkpoint, uint64_t seed,
-               const at::ThreadLocalState& caller_state) {
+               const at::ThreadLocalState& caller_state, skip::SkipTracker& tracker) {
   at::ThreadLocalStateGuard state(caller_state);
   DeviceScope device(stage.device);
   TaskGeneratorScope rng(make_generator(task_seed(seed, i, stage.index)));
-  if (!checkpoint) return forward_stage(stage, input);
-
-  // The closure outlives this call: backward runs it again to recompute.
-  const bool atomic_in = input.atomic();
-  auto atomic_out = std::make_shared<bool>(true);
-  auto fn = [stage, atomic_in, atomic_out](const Tensors& xs) -> Tensors {
+  static const skip::SkipPlan no_skips;
+  const skip::SkipPlan& plan = stage.skips ? *stage.skips : no_skips;
+  const int64_t first = stage.first_layer;
+  const int64_t last = first + static_cast<int64_t>(stage.layers->size());
+  // Skipped tensors travel straight from the stashing stage's device to this one.
+  for (const auto& r : plan.pops_in(first, last)) {
+    torch::Tensor t = tracker.pop(r.key);
+    tracker.stash(r.key, t.device() == stage.device ? t : t.to(stage.device));
+  }
+  // The closure outlives this call when checkpointed: backward runs it again to recompute.
+  auto run = [stage](const Batch& x) {
     DeviceScope device(stage.device);
-    Batch out = forward_stage(stage, atomic_in ? Batch(xs.at(0)) : Batch::tuple(xs));
-    *atomic_out = out.atomic();
-    return out.tensors();
+    return forward_stage(stage, x);
   };
-  Tensors ys = checkpointed_forward(fn, input.tensors());
-  return *atomic_out ? Batch(ys.at(0)) : Batch::tuple(std::move(ys));
+  return run_with_skips(plan, first, last, input, tracker, checkpoint, run);
 }
 
 }  // namespace
@@ -54,6 +56,7 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
   const auto m = static_cast<int64_t>(batches.size());
   const auto n = static_cast<int64_t>(stages.size());
   const at::ThreadLocalState caller_state;
+  std::vector<skip::SkipTracker> trackers(static_cast<size_t>(m));
   for (const Tick& tick : clock_cycles(m, n)) {
     std::vector<std::future<Batch>> results;
     results.reserve(tick.size());
@@ -63,9 +66,10 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
       if (i > 0 && !stage.device.is_cpu()) depend(batches[i - 1], batches[i]);
       Batch input = copy_to(batches[i], stage.device);
       const bool checkpoint = i < checkpoint_stop;
-      results.push_back(workers.submit<Batch>(j, [&stage, &caller_state, input, i, checkpoint,
-                                                  seed] {
-        return run_task(stage, input, i, checkpoint, seed, caller_state);
+      auto& tracker = trackers[static_cast<size_t>(i)];
+      results.push_back(workers.submit<Batch>(j, [&stage, &caller_state, &tracker, input, i,
+                                                  checkpoint, seed] {
+        return run_task(stage, input, i, checkpoint, seed, caller_state, tracker);
       }));
     }
     // Wait for every task of the tick, even after a failure: none may outlive this frame.

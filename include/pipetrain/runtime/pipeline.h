@@ -30,6 +30,7 @@
 
 #include "pipetrain/batch/batch.h"
 #include "pipetrain/runtime/worker.h"
+#include "pipetrain/skip/plan.h"
 
 namespace pipetrain::runtime {
 
@@ -39,6 +40,8 @@ struct Stage {
   torch::Device device = torch::kCPU;
   int64_t index = 0;        // j
   int64_t first_layer = 0;  // index of layers[0] in the whole model
+  // The whole model's skips (shared by its stages); null or empty without skips.
+  std::shared_ptr<const skip::SkipPlan> skips;
 };
 
 // Runs the layers of `stage` on `input` in order.
@@ -46,6 +49,10 @@ Batch forward_stage(const Stage& stage, const Batch& input);
 
 // Runs every micro-batch through every stage, in place: batches[i] becomes the last stage's
 // output for micro-batch i. `workers` has one worker per stage.
+//
+// Skips: micro-batch i's stashed tensors wait in its own tracker between the stage that
+// stashes them and the stage that pops them, which moves them to its device (directly, not
+// through the stages in between); see runtime/skip_range.h for checkpointed stages.
 void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
                   int64_t checkpoint_stop, uint64_t seed, WorkerPool& workers);
 

@@ -1,0 +1,160 @@
+// GPipe with skip connections: the oracle (loss and every gradient equal the plain model's) for
+// skips inside one partition, across one and across several, with each checkpoint mode.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "gpipe_support.h"
+#include "pipetrain/engine/gpipe.h"
+#include "pipetrain/error.h"
+#include "pipetrain/skip/skippable.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::deep_copy;
+using testing::expect_close;
+using testing::grads;
+
+// 0 Linear  1 stash(a)  2 Tanh  3 Linear  4 stash(b)  5 ReLU  6 pop_add(b)  7 Linear
+// 8 pop_cat(a)  9 Linear: a skips 6 layers, b skips 1.
+torch::nn::Sequential skip_model() {
+  return torch::nn::Sequential(torch::nn::Linear(8, 12), skip::stash("a"), torch::nn::Tanh(),
+                               torch::nn::Linear(12, 12), skip::stash("b"), torch::nn::ReLU(), skip::pop_add("b"),
+                               torch::nn::Linear(12, 12), skip::pop_cat("a"), torch::nn::Linear(24, 4));
+}
+
+struct Case {
+  std::vector<int64_t> balance;
+  int64_t chunks;
+  Checkpoint checkpoint;
+};
+
+std::string name_of(const Case& c) {
+  std::string out = "balance";
+  for (auto b : c.balance) out += std::to_string(b);
+  return out + "_chunks" + std::to_string(c.chunks) + "_" + to_string(c.checkpoint);
+}
+
+class SkipTransparency : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SkipTransparency, LossAndGradientsEqualThePlainModel) {
+  const Case& c = GetParam();
+  torch::manual_seed(3);
+  auto model = skip_model();
+  auto plain = deep_copy(model);
+  const torch::Tensor x = torch::randn({12, 8});
+  const torch::Tensor y = torch::randn({12, 4});
+  torch::Tensor x1 = x.clone().requires_grad_(true), x2 = x.clone().requires_grad_(true);
+
+  const torch::Tensor plain_loss = torch::mse_loss(plain->forward(x1), y);
+  plain_loss.backward();
+
+  GPipe gpipe(model, GPipeOptions(c.balance).chunks(c.chunks).checkpoint(c.checkpoint));
+  const torch::Tensor loss = torch::mse_loss(gpipe->forward(x2), y);
+  loss.backward();
+
+  EXPECT_TRUE(torch::allclose(loss, plain_loss, 1e-6, 1e-7)) << loss.item<double>() << " vs " << plain_loss.item<double>();
+  expect_close(grads(*gpipe), grads(*plain), name_of(c));
+  expect_close({x2.grad()}, {x1.grad()}, name_of(c) + " input gradient");
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  // {10}: no partition boundary; {4,3,3}: b inside partition 1, a across 2 boundaries;
+  // {5,5}: both across 1; {2,8}: a partition ending in a stash layer; {2,2,2,2,2}: a across 4.
+  for (std::vector<int64_t> balance : {std::vector<int64_t>{10}, {4, 3, 3}, {5, 5}, {2, 8}, {2, 2, 2, 2, 2}}) {
+    for (int64_t chunks : {1, 3}) {
+      for (Checkpoint mode : {Checkpoint::Always, Checkpoint::ExceptLast, Checkpoint::Never}) {
+        out.push_back({balance, chunks, mode});
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(GPipe, SkipTransparency, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST(GPipeSkips, TensorsArriveIntact) {
+  std::vector<torch::Tensor> stashed, popped;
+  skip::Skippable keep(std::vector<std::string>{"s"}, std::vector<std::string>{},
+                       [&](const torch::Tensor& x, skip::Skips& s) {
+                         if (!is_recomputing()) stashed.push_back(x.detach().clone());
+                         s.stash("s", x * 2);
+                         return x;
+                       }, "Keep");
+  skip::Skippable take(std::vector<std::string>{}, std::vector<std::string>{"s"},
+                       [&](const torch::Tensor& x, skip::Skips& s) {
+                         auto t = s.pop("s");
+                         if (!is_recomputing()) popped.push_back(t.detach().clone());
+                         return x + t;
+                       }, "Take");
+  torch::manual_seed(4);
+  torch::nn::Sequential model(keep, torch::nn::Linear(5, 5), torch::nn::Linear(5, 5), take);
+  GPipe gpipe(model, GPipeOptions({1, 1, 2}).chunks(4).checkpoint(Checkpoint::Always));
+  auto x = torch::randn({8, 5});
+  gpipe->forward(x).sum().backward();
+  ASSERT_EQ(stashed.size(), 4u);
+  ASSERT_EQ(popped.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(torch::equal(popped[i], stashed[i] * 2)) << "micro-batch " << i;
+    EXPECT_TRUE(torch::equal(stashed[i], x.slice(0, 2 * static_cast<int64_t>(i), 2 * static_cast<int64_t>(i) + 2)));
+  }
+}
+
+TEST(GPipeSkips, EvaluationWithoutGradients) {
+  torch::manual_seed(5);
+  auto model = skip_model();
+  auto plain = deep_copy(model);
+  GPipe gpipe(model, GPipeOptions({3, 3, 4}).chunks(4));
+  gpipe->eval();
+  plain->eval();
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({10, 8});
+  EXPECT_TRUE(torch::allclose(gpipe->forward(x), plain->forward(x), 1e-6, 1e-7));
+}
+
+TEST(GPipeSkips, NamespacedBlocksRepeat) {
+  skip::Namespace first, second;
+  torch::manual_seed(6);
+  torch::nn::Sequential model;
+  for (const auto* ns : {&first, &second}) {
+    model->push_back(skip::stash("x", *ns));
+    model->push_back(torch::nn::Linear(6, 6));
+    model->push_back(skip::pop_add("x", *ns));
+  }
+  auto plain = deep_copy(model);
+  GPipe gpipe(model, GPipeOptions({2, 2, 2}).chunks(2));
+  const auto x = torch::randn({4, 6});
+  plain->forward(x).square().sum().backward();
+  gpipe->forward(x).square().sum().backward();
+  expect_close(grads(*gpipe), grads(*plain), "namespaced blocks");
+}
+
+TEST(GPipeSkips, AStashThatDoesNotHappenIsNamed) {
+  skip::Skippable forgetful(std::vector<std::string>{"s"}, std::vector<std::string>{},
+                            [](const torch::Tensor& x, skip::Skips&) { return x; }, "Forgetful");
+  torch::nn::Sequential model(forgetful, torch::nn::Linear(3, 3), skip::pop_add("s"));
+  for (Checkpoint mode : {Checkpoint::Always, Checkpoint::Never}) {
+    GPipe gpipe(model, GPipeOptions({1, 2}).chunks(2).checkpoint(mode));
+    try {
+      gpipe->forward(torch::ones({4, 3}));
+      FAIL() << "a declared stash that never happened";
+    } catch (const ModuleError& e) {
+      EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("layer 0 declares the stash of skip 's' (popped by layer 2) but did not stash it"));
+    }
+  }
+}
+
+TEST(GPipeSkips, BadDeclarationFailsAtConstruction) {
+  torch::nn::Sequential model(torch::nn::Linear(4, 4), skip::pop_add("late"), skip::stash("late"), torch::nn::Linear(4, 4));
+  try {
+    GPipe gpipe(model, GPipeOptions({2, 2}));
+    FAIL() << "a pop before its stash";
+  } catch (const ModuleError& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("layer 1 (PopAdd) pops skip 'late' before layer 2 (Stash)"));
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain
