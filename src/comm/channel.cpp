@@ -14,10 +14,14 @@ uint32_t Stream::code() const {
 }
 
 std::string Stream::describe() const {
-  const char* name = kind == StreamKind::Activation ? "activation"
-                     : kind == StreamKind::Gradient ? "gradient"
-                                                    : "aux";
-  return std::string(name) + " stream (chunk " + std::to_string(chunk) + ")";
+  switch (kind) {
+    case StreamKind::Activation: return "activation stream (chunk " + std::to_string(chunk) + ")";
+    case StreamKind::Gradient: return "gradient stream (chunk " + std::to_string(chunk) + ")";
+    case StreamKind::Aux: return "aux stream (chunk " + std::to_string(chunk) + ")";
+    case StreamKind::SkipActivation: return "skip stream (link " + std::to_string(chunk) + ")";
+    case StreamKind::SkipGradient: return "skip gradient stream (link " + std::to_string(chunk) + ")";
+  }
+  return "unknown stream";
 }
 
 void SendHandle::wait(std::chrono::milliseconds timeout) const {

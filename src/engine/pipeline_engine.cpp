@@ -69,11 +69,14 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   const auto& layout = train_schedule_.layout;
   balance_ = partition_layers(module_.layers, config_.pipeline, layout.num_virtual_stages());
   offsets_ = part_offsets(balance_);
+  auto skips = std::make_shared<const skip::SkipPlan>(skip_plan(module_.layers));
+  skip_links_ = runtime::skip_links(*skips, offsets_);
 
   runtime::StageModelOptions options;
   options.deferred_linear = config_.pipeline.deferred_linear;
   options.gemm_kernel = runtime::parse_gemm_kernel(config_.pipeline.gemm_kernel);
   options.checkpoint_interval = config_.pipeline.activation_checkpoint_interval;
+  if (!skips->empty()) options.skips = skips;
   std::map<std::string, torch::nn::AnyModule> local_tied;
   for (int c = 0; c < layout.num_chunks(); ++c) {
     const int v = layout.virtual_stage(stage(), c);
@@ -220,6 +223,7 @@ runtime::StageStep PipelineEngine::make_step(const schedule::Schedule& sched,
   s.data = &data;
   s.training = training;
   s.clock = wall_seconds;
+  s.skip_links = &skip_links_;
   return s;
 }
 

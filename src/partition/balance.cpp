@@ -142,6 +142,8 @@ std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& 
   const auto start = Clock::now();
   int64_t counted = 0;
   for (int64_t pass = 0;; ++pass) {
+    skip::SkipTracker skips;  // skippable layers stash and pop as in a forward of the model
+    skip::TrackerScope scope(skips);
     Batch x = sample;
     for (size_t i = 0; i < layers.size(); ++i) {
       const Batch input = detached_input(x);
@@ -164,6 +166,8 @@ std::vector<double> size_costs(const torch::nn::Sequential& model, const Batch& 
   auto layers = layers_of(model);
   std::vector<double> costs;
   torch::AutoGradMode grad_mode(true);
+  skip::SkipTracker skips;
+  skip::TrackerScope scope(skips);
   Batch x = sample;
   for (size_t i = 0; i < layers.size(); ++i) {
     double bytes = 0;

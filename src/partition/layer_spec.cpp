@@ -35,6 +35,13 @@ BuiltLayers build_layers(const std::vector<LayerSpec>& specs, int64_t begin, int
       if (before_each) before_each(i);
       built.modules.push_back(spec.build());
     }
+    auto skippable = skip::as_skippable(built.modules.back().ptr());
+    const skip::SkipDeclaration built_skips = skippable ? skippable->declaration() : skip::SkipDeclaration();
+    if (built_skips != spec.skips) {
+      throw ModuleError("layer spec " + std::to_string(i) + " (" + spec.name + ") declares skips " +
+                        spec.skips.describe() + " but its module declares " + built_skips.describe() +
+                        "; make LayerSpec::skips match the module (LayerSpec::skippable)");
+    }
     built.specs.push_back(spec);
   }
   return built;
@@ -48,9 +55,21 @@ Batch BuiltLayers::forward_layer(size_t local_index, const Batch& input) {
 }
 
 Batch BuiltLayers::forward(const Batch& input) {
+  skip::SkipTracker tracker;
+  skip::TrackerScope scope(tracker);
   Batch x = input;
   for (size_t i = 0; i < modules.size(); ++i) x = forward_layer(i, x);
   return x;
+}
+
+skip::SkipPlan skip_plan(const std::vector<LayerSpec>& specs) {
+  std::vector<skip::SkipDeclaration> declarations;
+  std::vector<std::string> names;
+  for (const auto& spec : specs) {
+    declarations.push_back(spec.skips);
+    names.push_back(spec.name);
+  }
+  return skip::SkipPlan(declarations, names);
 }
 
 std::vector<torch::Tensor> BuiltLayers::parameters() const {

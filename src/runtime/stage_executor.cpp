@@ -1,6 +1,7 @@
 // Interpreting one stage's actions for one step.
 #include "pipetrain/runtime/stage_executor.h"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -37,6 +38,9 @@ struct MicroState {
   torch::Tensor loss;  // scaled loss where the chunk is the last virtual stage
   Batch grad;         // gradient of the output's differentiable tensors, received
   Batch input_grad;   // gradient of the input's differentiable tensors, to send
+  skip::SkipTracker skips;           // popped tensors going in, stashed ones coming out
+  std::vector<Batch> skip_in;        // per incoming link: the received leaves
+  std::vector<Batch> skip_out;       // per outgoing link: the stashed tensors sent
   bool has_input = false;
   bool has_grad = false;
   bool has_input_grad = false;
@@ -52,6 +56,15 @@ class Executor {
         states_(static_cast<size_t>(sched_.num_chunks() * m_)),
         release_(schedule::slot_released_after(sched_, step.stage)) {
     if (step.keep_outputs) result_.outputs.resize(static_cast<size_t>(m_));
+    in_links_.resize(static_cast<size_t>(sched_.num_chunks()));
+    out_links_.resize(static_cast<size_t>(sched_.num_chunks()));
+    if (!step.skip_links) return;
+    for (const auto& l : *step.skip_links) {
+      const auto dst = sched_.layout.placement(l.dst_virtual);
+      const auto src = sched_.layout.placement(l.src_virtual);
+      if (dst.stage == step.stage) in_links_[static_cast<size_t>(dst.chunk)].push_back(&l);
+      if (src.stage == step.stage) out_links_[static_cast<size_t>(src.chunk)].push_back(&l);
+    }
   }
 
   StageStepResult run() {
@@ -97,6 +110,77 @@ class Executor {
       recvs_[i] = s_.channel->irecv(s_.rank_of_stage(a.peer_stage), stream,
                                     what(act ? "activation" : "gradient", a));
     }
+    post_skip_receives();
+  }
+
+  // Each link's receives in the order its sender sends: the stashing chunk's forwards, the
+  // popping chunk's backwards (B or I).
+  void post_skip_receives() {
+    for (size_t c = 0; c < in_links_.size(); ++c) {
+      for (const SkipLink* l : in_links_[c]) {
+        const auto src = sched_.layout.placement(l->src_virtual);
+        if (src.stage == s_.stage) continue;
+        for (const Action& a : sched_.stages.at(src.stage)) {
+          if (a.op != Op::forward || a.chunk != src.chunk) continue;
+          skip_recvs_[{l->id, a.micro_batch, 0}] = s_.channel->irecv(
+              s_.rank_of_stage(src.stage), comm::Stream::skip_activation(l->id), skip_what("skip tensors", *l, a));
+        }
+      }
+    }
+    if (!s_.training) return;
+    for (size_t c = 0; c < out_links_.size(); ++c) {
+      for (const SkipLink* l : out_links_[c]) {
+        const auto dst = sched_.layout.placement(l->dst_virtual);
+        if (dst.stage == s_.stage) continue;
+        for (const Action& a : sched_.stages.at(dst.stage)) {
+          if ((a.op != Op::backward && a.op != Op::backward_input) || a.chunk != dst.chunk) continue;
+          skip_recvs_[{l->id, a.micro_batch, 1}] = s_.channel->irecv(
+              s_.rank_of_stage(dst.stage), comm::Stream::skip_gradient(l->id), skip_what("skip gradients", *l, a));
+        }
+      }
+    }
+  }
+
+  static std::string skip_what(const char* kind, const SkipLink& l, const Action& a) {
+    return std::string(kind) + " of micro-batch " + std::to_string(a.micro_batch) + " (link " +
+           std::to_string(l.id) + ": part " + std::to_string(l.src_virtual) + " -> " +
+           std::to_string(l.dst_virtual) + ")";
+  }
+
+  // The message of link `l` for micro-batch `mb`: skip tensors (grad = 0) or their gradients.
+  Batch receive_skip(const SkipLink& l, int mb, int grad) {
+    const std::tuple<int, int, int> key{l.id, mb, grad};
+    if (sched_.layout.placement(grad ? l.dst_virtual : l.src_virtual).stage == s_.stage) {
+      auto it = local_skips_.find(key);
+      if (it == local_skips_.end()) {
+        throw ScheduleError(std::string("nothing was handed over for the ") + (grad ? "skip gradients" : "skip tensors") +
+                            " of link " + std::to_string(l.id) + ", micro-batch " + std::to_string(mb));
+      }
+      Batch b = std::move(it->second);
+      local_skips_.erase(it);
+      return b;
+    }
+    auto it = skip_recvs_.find(key);
+    if (it == skip_recvs_.end()) {
+      throw ScheduleError(std::string("no receive of the ") + (grad ? "skip gradients" : "skip tensors") + " of link " +
+                          std::to_string(l.id) + ", micro-batch " + std::to_string(mb) + " was posted on stage " +
+                          std::to_string(s_.stage));
+    }
+    Batch b = it->second.wait();
+    skip_recvs_.erase(it);
+    return b;
+  }
+
+  void send_skip(const SkipLink& l, int mb, int grad, const Batch& b) {
+    const auto to = sched_.layout.placement(grad ? l.src_virtual : l.dst_virtual);
+    if (to.stage == s_.stage) {
+      local_skips_[{l.id, mb, grad}] = hand_over(b);
+      return;
+    }
+    const auto stream = grad ? comm::Stream::skip_gradient(l.id) : comm::Stream::skip_activation(l.id);
+    s_.channel->isend(s_.rank_of_stage(to.stage), stream, b,
+                      std::string(grad ? "skip gradients" : "skip tensors") + " of micro-batch " + std::to_string(mb) +
+                          " (link " + std::to_string(l.id) + ")");
   }
 
   Batch receive(size_t i, const Action& a, Op kind) {
@@ -198,7 +282,27 @@ class Executor {
     auto& st = state(a);
     if (!st.has_input) throw ScheduleError("forward ran before its input was loaded or received");
     torch::AutoGradMode grad_mode(s_.training);
-    Batch out = chunk(a).forward(st.input, a.micro_batch);
+    const auto& ins = in_links_[static_cast<size_t>(a.chunk)];
+    st.skip_in.clear();
+    for (const SkipLink* l : ins) {
+      Batch b = receive_skip(*l, a.micro_batch, 0);
+      if (b.size() != l->keys.size()) {
+        throw BatchError("received " + std::to_string(b.size()) + " skip tensors on link " + std::to_string(l->id) +
+                         " for " + std::to_string(l->keys.size()) + " keys");
+      }
+      for (size_t k = 0; k < b.size(); ++k) st.skips.stash(l->keys[k], b[k]);
+      st.skip_in.push_back(std::move(b));
+    }
+    Batch out = chunk(a).forward(st.input, a.micro_batch, st.skips);
+    st.skip_out.clear();
+    for (const SkipLink* l : out_links_[static_cast<size_t>(a.chunk)]) {
+      std::vector<torch::Tensor> stashed;
+      for (const auto& key : l->keys) stashed.push_back(st.skips.pop(key));
+      Batch b = Batch::tuple(std::move(stashed));
+      send_skip(*l, a.micro_batch, 0, b);
+      if (s_.training) st.skip_out.push_back(std::move(b));
+    }
+    if (!s_.training) st.skip_in.clear();
     if (!last(a)) {
       st.output = std::move(out);
       return;
@@ -236,38 +340,73 @@ class Executor {
 
   void backward(const Action& a) {
     auto& st = state(a);
+    std::vector<torch::Tensor> roots, grads;
     if (last(a)) {
       if (!st.loss.defined()) throw ScheduleError("backward ran before the loss of its forward");
-      torch::autograd::backward({st.loss});
+      roots.push_back(st.loss);
+      grads.emplace_back();
       st.loss = torch::Tensor();
     } else {
       if (!st.has_grad) throw ScheduleError("backward ran before its output gradient was received");
-      std::vector<torch::Tensor> outs;
       for (const auto& t : st.output.tensors()) {
-        if (needs_grad(t)) outs.push_back(t);
+        if (needs_grad(t)) roots.push_back(t);
       }
-      const auto& grads = st.grad.tensors();
-      if (grads.size() != outs.size()) {
+      grads = st.grad.tensors();
+      if (grads.size() != roots.size()) {
         throw BatchError("received " + std::to_string(grads.size()) + " gradient tensors for " +
-                         std::to_string(outs.size()) + " differentiable outputs (" + st.output.describe() + ")");
+                         std::to_string(roots.size()) + " differentiable outputs (" + st.output.describe() + ")");
       }
-      if (!outs.empty()) torch::autograd::backward(outs, grads);
       st.grad = Batch();
       st.has_grad = false;
     }
-    st.output = Batch();
-    if (!first(a)) {
-      std::vector<torch::Tensor> grads;
-      for (const auto& t : st.input.tensors()) {
-        if (!needs_grad(t)) continue;
-        grads.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+    // Stashed tensors that left for later parts get their gradients from there.
+    const auto& outs = out_links_[static_cast<size_t>(a.chunk)];
+    for (size_t k = 0; k < outs.size() && k < st.skip_out.size(); ++k) {
+      Batch g = receive_skip(*outs[k], a.micro_batch, 1);
+      const auto& stashed = st.skip_out[k].tensors();
+      if (g.size() != static_cast<size_t>(std::count_if(stashed.begin(), stashed.end(), needs_grad))) {
+        throw BatchError("received " + std::to_string(g.size()) + " skip gradients on link " +
+                         std::to_string(outs[k]->id) + " for " + st.skip_out[k].describe());
       }
-      st.input_grad = Batch::tuple(std::move(grads));
+      size_t n = 0;
+      for (const auto& t : stashed) {
+        if (!needs_grad(t)) continue;
+        roots.push_back(t);
+        grads.push_back(g[n++]);
+      }
+    }
+    if (!roots.empty()) {
+      if (roots.size() == 1 && !grads[0].defined()) {
+        torch::autograd::backward(roots);
+      } else {
+        if (!grads[0].defined()) grads[0] = torch::ones_like(roots[0]);
+        torch::autograd::backward(roots, grads);
+      }
+    }
+    st.output = Batch();
+    st.skip_out.clear();
+    if (!first(a)) {
+      st.input_grad = Batch::tuple(leaf_grads(st.input));
       st.has_input_grad = true;
     }
+    const auto& ins = in_links_[static_cast<size_t>(a.chunk)];
+    for (size_t k = 0; k < ins.size() && k < st.skip_in.size(); ++k) {
+      send_skip(*ins[k], a.micro_batch, 1, Batch::tuple(leaf_grads(st.skip_in[k])));
+    }
+    st.skip_in.clear();
     st.input = Batch();
     st.has_input = false;
     if (a.op == Op::backward) chunk(a).backward_weight({a.micro_batch});
+  }
+
+  // The gradients of a batch's differentiable leaves (zeros where nothing flowed back).
+  static std::vector<torch::Tensor> leaf_grads(const Batch& leaves) {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : leaves.tensors()) {
+      if (!needs_grad(t)) continue;
+      out.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+    }
+    return out;
   }
 
   void release(const Action& a) {
@@ -295,6 +434,11 @@ class Executor {
   std::vector<bool> release_;
   std::vector<comm::RecvHandle> recvs_;
   std::map<std::tuple<Op, int, int>, Batch> local_;
+  // Skip links of each local chunk, and their messages by (link, micro-batch, 0 = tensors /
+  // 1 = gradients): posted receives, and hand-overs between chunks of this stage.
+  std::vector<std::vector<const SkipLink*>> in_links_, out_links_;
+  std::map<std::tuple<int, int, int>, comm::RecvHandle> skip_recvs_;
+  std::map<std::tuple<int, int, int>, Batch> local_skips_;
   bool prepared_ = false;
   StageStepResult result_;
 };

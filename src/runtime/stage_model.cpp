@@ -1,7 +1,9 @@
 // A stage's model chunk: layers in order, Linear fast path, checkpointed groups.
 #include "pipetrain/runtime/stage_model.h"
 
-#include "pipetrain/runtime/checkpoint.h"
+#include <algorithm>
+
+#include "pipetrain/runtime/skip_range.h"
 
 namespace pipetrain::runtime {
 
@@ -43,24 +45,25 @@ Batch StageModel::run_range(int64_t first, int64_t last, const Batch& input, int
   return x;
 }
 
-Batch StageModel::forward(const Batch& input, int64_t mb) {
+Batch StageModel::forward(const Batch& input, int64_t mb, skip::SkipTracker& tracker) {
+  static const skip::SkipPlan no_skips;
+  const skip::SkipPlan& plan = options_.skips ? *options_.skips : no_skips;
   const int64_t n = num_layers();
   const int64_t interval = options_.checkpoint_interval;
-  if (interval <= 0 || !torch::GradMode::is_enabled()) return run_range(0, n, input, mb);
+  const bool groups = interval > 0 && torch::GradMode::is_enabled();
+  const int64_t group = groups ? interval : std::max<int64_t>(n, 1);
   Batch x = input;
-  for (int64_t first = 0; first < n; first += interval) {
-    const int64_t last = std::min(n, first + interval);
-    const bool atomic = x.atomic();
-    auto fn = [this, first, last, atomic, mb](const Tensors& in) {
-      Batch b = atomic ? Batch(in.at(0)) : Batch::tuple(in);
-      Batch out = run_range(first, last, b, mb);
-      out_atomic_ = out.atomic();
-      return out.tensors();
-    };
-    Tensors outs = checkpointed_forward(fn, x.tensors());
-    x = out_atomic_ && outs.size() == 1 ? Batch(outs[0]) : Batch::tuple(std::move(outs));
+  for (int64_t first = 0; first < n; first += group) {
+    const int64_t last = std::min(n, first + group);
+    auto run = [this, first, last, mb](const Batch& in) { return run_range(first, last, in, mb); };
+    x = run_with_skips(plan, layers_.begin + first, layers_.begin + last, x, tracker, groups, run);
   }
   return x;
+}
+
+Batch StageModel::forward(const Batch& input, int64_t mb) {
+  skip::SkipTracker tracker;
+  return forward(input, mb, tracker);
 }
 
 void StageModel::backward_weight(const std::vector<int64_t>& mbs) {

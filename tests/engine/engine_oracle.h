@@ -32,6 +32,19 @@ struct OracleCase {
   MicroBatchFn data;
 };
 
+// A small SGD run: 4 rows per micro-batch, uniform partition, no printing.
+inline EngineConfig oracle_config(int micro_batches, const std::string& schedule) {
+  EngineConfig c;
+  c.train_micro_batch_size_per_gpu = 4;
+  c.gradient_accumulation_steps = micro_batches;
+  c.steps_per_print = 0;
+  c.optimizer.type = "SGD";
+  c.optimizer.lr = 0.05;
+  c.pipeline.schedule = schedule;
+  c.pipeline.partition_method = "uniform";
+  return c;
+}
+
 struct OracleRun {
   std::vector<double> losses;                      // per step
   std::map<std::string, torch::Tensor> params;     // "<layer>.<name>" after the last step

@@ -10,22 +10,10 @@
 namespace pipetrain::testing {
 namespace {
 
-EngineConfig base_config(int micro_batches, const std::string& schedule) {
-  EngineConfig c;
-  c.train_micro_batch_size_per_gpu = 4;
-  c.gradient_accumulation_steps = micro_batches;
-  c.steps_per_print = 0;
-  c.optimizer.type = "SGD";
-  c.optimizer.lr = 0.05;
-  c.pipeline.schedule = schedule;
-  c.pipeline.partition_method = "uniform";
-  return c;
-}
-
 OracleCase mlp_case(int stages, int micro_batches, const std::string& schedule, int depth = 4) {
   OracleCase c;
   c.module = [depth] { return mlp(6, 16, 3, depth); };
-  c.config = base_config(micro_batches, schedule);
+  c.config = oracle_config(micro_batches, schedule);
   c.stages = stages;
   c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 6, 3); };
   return c;
@@ -98,7 +86,7 @@ TEST(Engine, PlainAutogradAndBlasKernel) {
 TEST(Engine, TupleActivationsWithMask) {
   OracleCase c;
   c.module = [] { return masked_mlp(8, 4); };
-  c.config = base_config(3, "1f1b");
+  c.config = oracle_config(3, "1f1b");
   c.stages = 2;
   c.data = [](int64_t s, int r, int m) { return masked_batch(s, r, m, 5, 8); };
   expect_same_training(c);
@@ -109,7 +97,7 @@ TEST(Engine, TiedWeightsAcrossFirstAndLastStage) {
     SCOPED_TRACE(schedule);
     OracleCase c;
     c.module = [] { return tied_mlp(5, 12, 3); };
-    c.config = base_config(4, schedule);
+    c.config = oracle_config(4, schedule);
     c.config.pipeline.chunks = schedule == "zb-v" ? 2 : 1;
     c.stages = schedule == "zb-v" ? 2 : 3;
     c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 5, 5); };
@@ -120,7 +108,7 @@ TEST(Engine, TiedWeightsAcrossFirstAndLastStage) {
 TEST(Engine, VariableSequenceLengths) {
   OracleCase c;
   c.module = [] { return mlp(6, 10, 6, 4); };
-  c.config = base_config(4, "1f1b");
+  c.config = oracle_config(4, "1f1b");
   c.stages = 2;
   c.data = [](int64_t s, int r, int m) {
     const int64_t t = 2 + (m + s) % 3;  // every micro-batch its own length

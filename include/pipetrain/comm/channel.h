@@ -24,7 +24,7 @@
 
 namespace pipetrain::comm {
 
-enum class StreamKind : uint8_t { Activation = 0, Gradient = 1, Aux = 2 };
+enum class StreamKind : uint8_t { Activation = 0, Gradient = 1, Aux = 2, SkipActivation = 3, SkipGradient = 4 };
 
 // Model chunks (virtual stages of interleaved schedules) per stream kind: 0 .. kMaxChunks-1.
 constexpr int kMaxChunks = 1024;
@@ -37,6 +37,10 @@ struct Stream {
   static Stream gradient(int chunk = 0) { return {StreamKind::Gradient, chunk}; }
   // Anything else (e.g. outputs of evaluation travelling to another stage).
   static Stream aux(int id = 0) { return {StreamKind::Aux, id}; }
+  // Skip connections: the stashed tensors of skip link `link` (runtime/skip_links.h), and
+  // their gradients going back.
+  static Stream skip_activation(int link) { return {StreamKind::SkipActivation, link}; }
+  static Stream skip_gradient(int link) { return {StreamKind::SkipGradient, link}; }
 
   // A number unique per (kind, chunk); ConfigError when chunk is outside [0, kMaxChunks).
   uint32_t code() const;

@@ -148,6 +148,7 @@ class PipelineEngine {
   comm::PipeGroups groups_;
   std::vector<int64_t> balance_;
   std::vector<int64_t> offsets_;
+  std::vector<runtime::SkipLink> skip_links_;  // skips between parts (runtime/skip_links.h)
   std::vector<std::unique_ptr<runtime::StageModel>> chunks_;
   // Tied keys this stage holds, with their module's parameters, and whether this stage is the
   // lowest holder (it alone counts them in the global norm).

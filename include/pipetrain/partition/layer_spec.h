@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pipetrain/batch/batch.h"
+#include "pipetrain/skip/plan.h"
 
 namespace pipetrain {
 
@@ -28,6 +29,10 @@ struct LayerSpec {
   Factory build;         // makes a fresh module (its own initialisation)
   std::string tied_key;  // empty for a plain layer
   Forward forward;       // empty: call the module's own forward
+  // What the layer stashes and pops (skip/skippable.h). Every stage needs the whole model's
+  // skips to route them, but builds only its own layers, so the spec carries them; a built
+  // skip::Skippable must declare exactly these.
+  skip::SkipDeclaration skips;
 
   bool tied() const { return !tied_key.empty(); }
 
@@ -50,6 +55,14 @@ struct LayerSpec {
     return spec;
   }
 
+  // A skippable layer, e.g. skippable("stash x", "Stash", [] { return AnyModule(skip::stash("x")); },
+  // SkipDeclaration::of({"x"}, {})).
+  static LayerSpec skippable(std::string name, std::string type, Factory build, skip::SkipDeclaration skips) {
+    LayerSpec spec = make(std::move(name), std::move(type), std::move(build));
+    spec.skips = std::move(skips);
+    return spec;
+  }
+
   // A tied layer: all specs with `key` share one module; `forward` (optional) replaces the
   // module's own forward at this use.
   static LayerSpec tied_layer(std::string key, std::string name, std::string type, Factory build,
@@ -69,9 +82,14 @@ struct BuiltLayers {
   int64_t begin = 0;
 
   Batch forward_layer(size_t local_index, const Batch& input);
-  Batch forward(const Batch& input);  // all layers in order
+  // All layers in order, with a fresh skip tracker (a whole model, or a range without skips
+  // that leave it).
+  Batch forward(const Batch& input);
   std::vector<torch::Tensor> parameters() const;  // each shared module's parameters once
 };
+
+// The skips of a model described by specs, checked (ModuleError as skip::SkipPlan).
+skip::SkipPlan skip_plan(const std::vector<LayerSpec>& specs);
 
 // Builds the specs [begin, end) in order. Tied layers built here take the same module for
 // every use of their key inside the range. `before_each(i)` runs before layer i is built (the

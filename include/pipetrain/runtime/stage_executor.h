@@ -6,6 +6,11 @@
 // transfers land while the stage computes; sends never block; every wait has the channel's
 // timeout. The step actions (reduce tied grads, reduce grads, optimizer step) are handed back
 // to the engine through a callback.
+//
+// Skip links are traffic outside the action list: a chunk receives the tensors it pops right
+// before its forward and sends the ones it stashes right after; gradients go back the same way
+// around backward. Their receives are posted at the start of the step too, in the sending
+// stage's order.
 #pragma once
 
 #include <torch/torch.h>
@@ -19,6 +24,7 @@
 #include "pipetrain/batch/batch.h"
 #include "pipetrain/batch/data_iterator.h"
 #include "pipetrain/comm/channel.h"
+#include "pipetrain/runtime/skip_links.h"
 #include "pipetrain/runtime/stage_model.h"
 #include "pipetrain/schedule/schedule.h"
 #include "pipetrain/schedule/timeline.h"
@@ -46,6 +52,8 @@ struct StageStep {
   std::function<void(schedule::Op, const StageStepResult& so_far)> on_step_op;
   // Seconds on a clock shared by the ranks of one host, for the trace.
   std::function<double()> clock;
+  // The model's skip links (runtime/skip_links.h); null or empty without skips between parts.
+  const std::vector<SkipLink>* skip_links = nullptr;
 };
 
 struct StageStepResult {

@@ -12,6 +12,7 @@
 #include "pipetrain/partition/layer_spec.h"
 #include "pipetrain/runtime/deferred_linear.h"
 #include "pipetrain/runtime/gemm.h"
+#include "pipetrain/skip/plan.h"
 
 namespace pipetrain::runtime {
 
@@ -23,6 +24,8 @@ struct StageModelOptions {
   // Checkpoint every N layers (0 = off): only each group's input is kept, the group is
   // recomputed in backward with the RNG state of its forward.
   int64_t checkpoint_interval = 0;
+  // The whole model's skips (layer indices of the model, not of the chunk); null: none.
+  std::shared_ptr<const skip::SkipPlan> skips;
 };
 
 class StageModel {
@@ -32,6 +35,11 @@ class StageModel {
   // Runs the chunk on micro-batch `mb`. With grad mode on, the result carries the graph back
   // to `input`; Linear layers on the fast path keep their input and upstream gradient under
   // `mb` until backward_weight({mb, ...}).
+  //
+  // Skips: `tracker` holds the tensors this chunk pops from earlier chunks when it is called
+  // and the ones it stashes for later chunks when it returns (runtime/skip_range.h).
+  Batch forward(const Batch& input, int64_t mb, skip::SkipTracker& tracker);
+  // The same with a tracker of its own: for chunks whose skips stay inside.
   Batch forward(const Batch& input, int64_t mb);
 
   // Weight gradients of the fast-path Linear layers for these micro-batches, fused. The other
@@ -61,7 +69,6 @@ class StageModel {
   // Per local layer: its fast path, or null.
   std::vector<std::unique_ptr<DeferredLinear>> fast_;
   std::vector<DeferredLinear*> deferred_;
-  bool out_atomic_ = true;  // the form a checkpointed group returned (tensors lose it)
 };
 
 }  // namespace pipetrain::runtime
