@@ -21,7 +21,7 @@ using nlohmann::json;
 
 struct BalanceArgs {
   std::string workload;  // "mlp" / "mlp-4" (WORKLOADS.md)
-  std::string example;   // or an example: cnn, gpt, mlp
+  std::string example;   // or an example: cnn, gpt, mlp, resnet
   int stages = 0;        // 0: the workload's or example's default
   std::string by = "time";
   int budget_ms = 2000;
@@ -74,7 +74,7 @@ std::string format_cost(double cost, const std::string& by) {
 
 int run_balance(const BalanceArgs& a) {
   if (a.workload.empty() == a.example.empty()) {
-    throw ConfigError("give exactly one of --workload (mlp, mlp-4) and --example (cnn, gpt, mlp)");
+    throw ConfigError("give exactly one of --workload (mlp, mlp-4) and --example (cnn, gpt, mlp, resnet)");
   }
   Subject s = a.workload.empty() ? example_subject(a.example) : workload_subject(a.workload);
   const int64_t stages = a.stages > 0 ? a.stages : s.default_stages;
@@ -133,7 +133,7 @@ void add_balance_command(CLI::App& app, int& exit_code) {
       "costs) and each stage's cost; the last line is one JSON object");
   sub->add_option("--workload", args->workload, "a benchmark workload: mlp or mlp-4")
       ->check(CLI::IsMember({"mlp", "mlp-4"}));
-  sub->add_option("--example", args->example, "or an example model: cnn, gpt or mlp")
+  sub->add_option("--example", args->example, "or an example model: cnn, gpt, mlp or resnet")
       ->check(CLI::IsMember(examples::example_names()));
   sub->add_option("--stages", args->stages, "pipeline stages (default: the workload's or example's)")
       ->check(CLI::PositiveNumber);

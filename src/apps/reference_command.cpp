@@ -22,7 +22,7 @@ namespace pipetrain::apps {
 namespace {
 
 const char* const kReferenceUsage =
-    "usage: pipetrain reference [--example cnn|gpt|mlp] [--steps N | --epochs E] "
+    "usage: pipetrain reference [--example cnn|gpt|mlp|resnet] [--steps N | --epochs E] "
     "[--micro-batches M] [--micro-batch-size B] [--replicas D] [--config FILE] [--lr LR] "
     "[--seed S] [--eval-every K] [--log-every K] [--eval-samples N] [--sample-length N] "
     "[--threads T] [--data-dir DIR]";
@@ -54,7 +54,7 @@ double parse_positive(const std::string& option, const std::string& text) {
 }
 
 void run_reference(const ReferenceArgs& a) {
-  if (a.example.empty()) throw ConfigError("--example needs a value: cnn, gpt or mlp");
+  if (a.example.empty()) throw ConfigError("--example needs a value: cnn, gpt, mlp or resnet");
   const auto& names = examples::example_names();
   if (std::find(names.begin(), names.end(), a.example) == names.end())
     throw ConfigError(fmt::format("--example expects one of {}, got '{}'", fmt::join(names, ", "),

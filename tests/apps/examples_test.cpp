@@ -38,13 +38,13 @@ class Examples : public ::testing::Test {
 };
 
 TEST_F(Examples, RegistryNamesAndErrors) {
-  EXPECT_EQ(example_names(), (std::vector<std::string>{"cnn", "gpt", "mlp"}));
+  EXPECT_EQ(example_names(), (std::vector<std::string>{"cnn", "gpt", "mlp", "resnet"}));
   EXPECT_STREQ(default_example(), "cnn");
   try {
-    make_example("resnet");
+    make_example("vgg");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("unknown example 'resnet'; expected one of: cnn, gpt, mlp"));
+    EXPECT_THAT(e.what(), HasSubstr("unknown example 'vgg'; expected one of: cnn, gpt, mlp, resnet"));
   }
   EXPECT_THROW(make_example("mlp", ExampleOptions().replicas(0)), ConfigError);
   EXPECT_THROW(make_example("mlp", ExampleOptions().micro_batches(-1)), ConfigError);
@@ -98,6 +98,28 @@ TEST_F(Examples, CnnLossFallsInAFewSteps) {
   EXPECT_LT(tail, r.losses[0] - 0.7);
   EXPECT_GT(r.metric, 0.5);  // accuracy after 25 x 128 samples
   EXPECT_EQ(r.samples, 25 * 128);
+}
+
+TEST_F(Examples, ResnetSkipsCrossStagesAndLossFalls) {
+  REQUIRE_FASHION_MNIST();
+  const Example ex = make_example("resnet", ExampleOptions().eval_samples(500));
+  ASSERT_EQ(ex.layers.size(), 30u);
+  const auto plan = skip_plan(ex.layers);
+  ASSERT_EQ(plan.routes().size(), 3u);  // stem -> head, and one per residual block
+  EXPECT_EQ(plan.routes()[0].key.name, "stem");
+  EXPECT_EQ(plan.routes()[0].stash_layer, 3);
+  EXPECT_EQ(plan.routes()[0].pop_layer, 25);
+  // Uniform thirds cut both block skips' neighbourhoods; the stem skip jumps over stage 1.
+  EXPECT_EQ(plan.stashes_out(0, 10).size(), 2u);
+  EXPECT_EQ(plan.pops_in(20, 30).size(), 2u);
+
+  const auto r = train_reference(ex, ex.engine_config(), ReferenceOptions().steps(25));
+  ASSERT_EQ(r.losses.size(), 25u);
+  EXPECT_NEAR(r.losses[0], std::log(10.0), 0.7);
+  double tail = 0;
+  for (int i = 20; i < 25; ++i) tail += r.losses[i] / 5;
+  EXPECT_LT(tail, r.losses[0] - 0.7);
+  EXPECT_GT(r.metric, 0.5);
 }
 
 TEST_F(Examples, GptShapesAndTiedEmbedding) {

@@ -24,7 +24,7 @@ TEST(ReferenceCommand, BadArgumentsGiveOneLineAndTheUsage) {
     const char* message;
   };
   const std::vector<Case> cases{
-      {{"--example", "resnet"}, "--example expects one of cnn, gpt, mlp, got 'resnet'"},
+      {{"--example", "vgg"}, "--example expects one of cnn, gpt, mlp, resnet, got 'vgg'"},
       {{"--example", "mlp", "--steps", "0"}, "--steps expects an integer >= 1, got '0'"},
       {{"--example", "mlp", "--steps", "two"}, "--steps expects an integer >= 1, got 'two'"},
       {{"--example", "mlp", "--steps", "2", "--epochs", "1"},

@@ -163,6 +163,19 @@ TEST_F(TrainCommand, CnnShortRunReportsAccuracy) {
   expect_run_files();
 }
 
+// Three processes over Gloo: the stem's skip goes from stage 0 straight to stage 2, the block
+// skips cross one boundary each; the pipelined losses equal the one-process reference's.
+TEST_F(TrainCommand, ResnetSkipsAcrossThreeProcessesMatchTheReference) {
+  const auto r = cli("train --example resnet --stages 3 --steps 3 --eval-samples 200 --run-dir " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["example"], "resnet");
+  const auto ref = cli("reference --example resnet --steps 3 --eval-samples 200");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const double expected = last_line_json(ref.output)["final_loss"].get<double>();
+  EXPECT_NEAR(s["final_loss"].get<double>(), expected, 1e-4 * std::abs(expected) + 1e-5) << r.output;
+}
+
 TEST_F(TrainCommand, GptShortRunPrintsASample) {
   const auto r = cli("train --example gpt --steps 3 --eval-samples 64 --sample-length 40 --run-dir " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.output;

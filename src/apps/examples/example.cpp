@@ -52,12 +52,13 @@ Example make_example(const std::string& name, const ExampleOptions& options) {
   if (name == "cnn") return detail::make_cnn(options);
   if (name == "gpt") return detail::make_gpt(options);
   if (name == "mlp") return detail::make_mlp(options);
+  if (name == "resnet") return detail::make_resnet(options);
   throw ConfigError(fmt::format("unknown example '{}'; expected one of: {}", name,
                                 fmt::join(example_names(), ", ")));
 }
 
 const std::vector<std::string>& example_names() {
-  static const std::vector<std::string> names{"cnn", "gpt", "mlp"};
+  static const std::vector<std::string> names{"cnn", "gpt", "mlp", "resnet"};
   return names;
 }
 

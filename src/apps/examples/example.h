@@ -1,4 +1,5 @@
-// The example models: layer specs, loss, data, metric and defaults, by name ("cnn", "gpt", "mlp").
+// The example models: layer specs, loss, data, metric and defaults, by name ("cnn", "gpt", "mlp",
+// "resnet").
 //
 // An Example is everything a trainer needs besides the model's placement: the single-process
 // reference trainer builds all layers in one process, the PipelineEngine builds each stage's
@@ -92,7 +93,7 @@ struct Example {
   uint64_t seed = 1234;
 
   // Training micro-batch `micro_batch` of `step` for `replica`, the same in every process.
-  // inputs: cnn [B,1,28,28] float; gpt [B,T] int64; mlp [B,1024] float. labels: cnn [B]
+  // inputs: cnn, resnet [B,1,28,28] float; gpt [B,T] int64; mlp [B,1024] float. labels: cnn [B]
   // int64; gpt [B,T] int64; mlp [B,1024] float.
   std::function<MicroBatch(int64_t step, int64_t replica, int64_t micro_batch)> train_micro_batch;
   // Steps in one pass over a replica's shard (cnn); 0 where the data has no epochs.
@@ -116,10 +117,10 @@ struct Example {
   EngineConfig engine_config() const;
 };
 
-// "cnn", "gpt", "mlp"; ConfigError naming the choices for another name. Examples that need
+// "cnn", "gpt", "mlp", "resnet"; ConfigError naming the choices for another name. Examples that need
 // files check they exist here (DataError with the fix) but read them on first use.
 Example make_example(const std::string& name, const ExampleOptions& options = {});
-const std::vector<std::string>& example_names();  // {"cnn", "gpt", "mlp"}
+const std::vector<std::string>& example_names();  // {"cnn", "gpt", "mlp", "resnet"}
 const char* default_example();                    // "cnn"
 
 // The generator seed for layer `layer` of a model seeded with `seed`: the reference trainer

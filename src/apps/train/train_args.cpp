@@ -1,6 +1,8 @@
 // Command-line options of `pipetrain train`.
 #include "apps/train/train_args.h"
 
+#include "apps/examples/example.h"
+
 #include <fmt/format.h>
 
 namespace pipetrain::apps {
@@ -27,8 +29,8 @@ std::vector<std::string> TrainArgs::worker_arguments() const {
 }
 
 void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
-  sub.add_option("--example", args->example, "cnn (Fashion-MNIST, the default), gpt (char-level on fortunes) or mlp")
-      ->check(CLI::IsMember({"cnn", "gpt", "mlp"}))
+  sub.add_option("--example", args->example, "cnn (Fashion-MNIST, the default), gpt (char-level on fortunes), mlp or resnet (Fashion-MNIST with skips)")
+      ->check(CLI::IsMember(examples::example_names()))
       ->capture_default_str();
   sub.add_option("--stages", args->stages, "pipeline stages, one process each (default 2)")->check(CLI::PositiveNumber);
   sub.add_option("--replicas", args->replicas, "data-parallel replicas (processes = stages x replicas)")
