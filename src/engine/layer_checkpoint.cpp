@@ -8,9 +8,11 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint_fault.h"
 #include "pipetrain/error.h"
 
 namespace pipetrain {
@@ -41,6 +43,26 @@ fs::path resolve_dir(const fs::path& dir) {
 }
 
 std::string layer_file(int64_t index) { return fmt::format("layer_{:05d}.pt", index); }
+std::string rng_file(int rank) { return fmt::format("rng_rank_{:05d}.pt", rank); }
+
+// This process's default CPU generator (dropout and other random layers draw from it).
+void save_rng_state(const fs::path& path) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  torch::save(state, path.string());
+}
+
+void load_rng_state(const fs::path& path) {
+  torch::Tensor state;
+  torch::load(state, path.string());
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
 
 std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
@@ -212,6 +234,20 @@ void check_layers(const json& manifest, size_t layers, const fs::path& dir) {
   }
 }
 
+// Each rank's random stream continues where it stopped, so a resume under the same layout
+// draws the same dropout masks as the uninterrupted run. Under another layout the ranks hold
+// other layers, and their streams do not carry over.
+void restore_rng_if_same_layout(PipelineEngine& engine, const fs::path& dir, const json& manifest) {
+  if (!manifest.contains("rng") || !manifest.contains("written_by")) return;
+  const auto& by = manifest.at("written_by");
+  const bool same = manifest["rng"].value("ranks", -1) == engine.communicator().world_size() &&
+                    by.value("stages", -1) == engine.num_stages() && by.value("replicas", -1) == engine.num_replicas() &&
+                    by.value("chunks", -1) == engine.num_chunks();
+  if (!same) return;
+  const auto& entry = manifest["rng"]["files"].at(std::to_string(engine.communicator().rank()));
+  load_rng_state(verified(dir, entry));
+}
+
 }  // namespace
 
 void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const std::string& extra) {
@@ -235,6 +271,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
         if (engine.optimizer()) save_optimizer_state(*engine.optimizer(), module, partial / optim_file(index));
       }
     }
+    save_rng_state(partial / rng_file(comm.rank()));
     at_phase("files");
     world.barrier("checkpoint files written");
     if (comm.rank() == 0) {
@@ -254,8 +291,17 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
         }
         files[std::to_string(i)] = entry;
       }
+      json rng = json::object();
+      for (int r = 0; r < comm.world_size(); ++r) {
+        const auto path = partial / rng_file(r);
+        if (!fs::exists(path)) throw CheckpointError("the RNG state of rank " + std::to_string(r) + " was not written");
+        rng[std::to_string(r)] = {{"file", rng_file(r)}, {"crc32", file_crc32(path)}, {"bytes", fs::file_size(path)}};
+      }
       json manifest = {{"format", kFormat},
                        {"step", engine.global_steps()},
+                       {"samples", engine.global_steps() * engine.config().train_batch_size},
+                       {"config", json::parse(engine.config().to_json_text())},
+                       {"rng", {{"ranks", comm.world_size()}, {"files", rng}}},
                        {"layers", owner.size()},
                        {"written_by", {{"stages", engine.num_stages()},
                                        {"replicas", engine.num_replicas()},
@@ -287,6 +333,8 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
   }
 }
 
+void checkpoint_fault_point(const std::string& phase) { at_phase(phase.c_str()); }
+
 void set_checkpoint_fault_hook(std::function<void(const std::string& phase)> hook) {
   fault_hook() = std::move(hook);
 }
@@ -304,6 +352,7 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
     }
   }
   engine.parameters_changed();
+  restore_rng_if_same_layout(engine, dir, manifest);
   const auto step = manifest.at("step").get<int64_t>();
   engine.set_global_steps(step);
   return step;

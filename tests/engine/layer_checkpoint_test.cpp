@@ -281,6 +281,88 @@ TEST_F(LayerCheckpoint, OneProcessLoadsOptimizerStateAndRefusesAnotherType) {
   }
 }
 
+// An mlp with a dropout layer: its masks come from the process's default generator.
+PipelineModule dropout_mlp() {
+  auto m = mlp(5, 8, 5, 3);
+  m.layers.insert(m.layers.begin() + 2, LayerSpec::of<torch::nn::Dropout>("Dropout", 0.5));
+  return m;
+}
+
+TEST_F(LayerCheckpoint, SameLayoutResumeContinuesTheRandomStream) {
+  const auto ckpt = (dir_ / "ckpt").string();
+  const auto config = ckpt_config(1);
+  std::vector<double> uninterrupted, resumed, without_rng;
+  run_pipeline(1, config, dropout_mlp, [&](PipelineEngine& engine) {
+    train_steps(engine, 2, 0);
+    save_checkpoint(engine, ckpt);
+    uninterrupted = train_steps(engine, 2, 2);
+  });
+  std::ifstream in(ckpt + "/manifest.json");
+  auto manifest = nlohmann::json::parse(in);
+  EXPECT_EQ(manifest["samples"], 2 * 16);
+  EXPECT_EQ(manifest["config"]["pipeline"]["schedule"], "1f1b");
+  EXPECT_EQ(manifest["rng"]["ranks"], 1);
+  EXPECT_TRUE(fs::exists(ckpt + "/rng_rank_00000.pt"));
+
+  torch::manual_seed(12345);  // whatever the process drew in between
+  run_pipeline(1, config, dropout_mlp, [&](PipelineEngine& engine) {
+    EXPECT_EQ(load_checkpoint(engine, ckpt), 2);
+    resumed = train_steps(engine, 2, 2);
+  });
+  EXPECT_EQ(resumed, uninterrupted) << "bit-exact: the dropout masks continue";
+
+  // The same checkpoint without its RNG state: other masks, other losses.
+  manifest.erase("rng");
+  std::ofstream(ckpt + "/manifest.json") << manifest.dump();
+  torch::manual_seed(12345);
+  run_pipeline(1, config, dropout_mlp, [&](PipelineEngine& engine) {
+    load_checkpoint(engine, ckpt);
+    without_rng = train_steps(engine, 2, 2);
+  });
+  EXPECT_NE(without_rng, uninterrupted);
+}
+
+TEST_F(LayerCheckpoint, TaggedCheckpointsAndTheLatestPointer) {
+  const auto dir = dir_.string();
+  auto make = [] { return mlp(5, 8, 5, 3); };
+  run_pipeline(2, ckpt_config(2), make, [&](PipelineEngine& engine) {
+    train_steps(engine, 2, 0);
+    EXPECT_EQ(save_tagged_checkpoint(engine, dir), "global_step2");
+    train_steps(engine, 2, 2);
+    EXPECT_EQ(save_tagged_checkpoint(engine, dir), "global_step4");
+  });
+  EXPECT_EQ(latest_tag(dir), "global_step4");
+  EXPECT_EQ(checkpoint_step(dir + "/global_step2"), 2);
+
+  // A crash after the tag's directory is complete but before the pointer moves: latest still
+  // names the previous tag, and the new one is loadable by name.
+  run_pipeline(1, ckpt_config(1), make, [&](PipelineEngine& engine) {
+    load_tagged_checkpoint(engine, dir);
+    train_steps(engine, 1, 4);
+    set_checkpoint_fault_hook([](const std::string& phase) {
+      if (phase == "latest") throw std::runtime_error("crash before the pointer moves");
+    });
+    EXPECT_THROW(save_tagged_checkpoint(engine, dir), std::runtime_error);
+    set_checkpoint_fault_hook({});
+  });
+  EXPECT_EQ(latest_tag(dir), "global_step4");
+  EXPECT_EQ(checkpoint_step(dir + "/global_step5"), 5);
+  run_pipeline(2, ckpt_config(2), make, [&](PipelineEngine& engine) {
+    EXPECT_EQ(load_tagged_checkpoint(engine, dir), 4);
+    EXPECT_EQ(load_tagged_checkpoint(engine, dir, "global_step5"), 5);
+  });
+
+  run_pipeline(1, ckpt_config(1), make, [&](PipelineEngine& engine) {
+    try {
+      load_tagged_checkpoint(engine, (dir_ / "empty").string());
+      ADD_FAILURE() << "loaded without a latest pointer";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("has no 'latest' pointer"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(load_tagged_checkpoint(engine, dir, "../elsewhere"), CheckpointError);
+  });
+}
+
 TEST_F(LayerCheckpoint, CorruptionAndMismatchAreCheckpointErrors) {
   auto make = [] { return mlp(5, 8, 5, 3); };
   const auto ckpt = (dir_ / "ckpt").string();

@@ -2,10 +2,14 @@
 // can resume with another number of stages, chunks or replicas, and one process can load a
 // whole pipelined model (to generate text, say).
 //
-//   <dir>/manifest.json     {"format": 1, "step": 120, "layers": 9, "files": {"0": {"crc32": ...}}}
+//   <dir>/manifest.json     {"format": 1, "step": 120, "samples": 15360, "layers": 9,
+//                            "written_by": {"stages": 2, ...}, "config": {...}, "optimizer": "Adam",
+//                            "files": {"0": {"crc32": ...}}, "rng": {"ranks": 2, "files": {...}}}
 //   <dir>/layer_00000.pt    the module of layer 0 (parameters and buffers)
 //   <dir>/layer_00000-optim.pt  its parameters' optimizer state (momentum, Adam moments, step),
 //                               where the optimizer keeps any; the manifest names the type
+//   <dir>/rng_rank_00000.pt the default generator of rank 0, restored when the same layout
+//                           loads (dropout masks continue as if nothing happened)
 //
 // A tied module is stored once, under its first use. Writing is collective and atomic: every
 // rank writes into <dir>.partial, rank 0 checks every file and writes the manifest, then moves
@@ -37,12 +41,25 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir);
 int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir, torch::optim::Optimizer* optimizer = nullptr,
                         const std::string& optimizer_type = "");
 
+// Several checkpoints side by side, as DeepSpeed keeps them: <save_dir>/<tag>/ (each written as
+// save_checkpoint does) and <save_dir>/latest, a one-line file naming the newest complete tag.
+// The pointer moves (written to latest.tmp, renamed) only after the tag's directory is in
+// place, so a crash leaves it at the previous tag. Tag "" = "global_step<N>". Returns the tag.
+std::string save_tagged_checkpoint(PipelineEngine& engine, const std::string& save_dir, const std::string& tag = "",
+                                   const std::string& extra = "");
+// Loads <load_dir>/<tag>, or the tag named by <load_dir>/latest when `tag` is "".
+// CheckpointError naming the directory when there is no latest pointer.
+int64_t load_tagged_checkpoint(PipelineEngine& engine, const std::string& load_dir, const std::string& tag = "");
+// The tag <save_dir>/latest names, or "" when there is none.
+std::string latest_tag(const std::string& save_dir);
+
 // The manifest's step, or -1 when `dir` holds no complete checkpoint.
 int64_t checkpoint_step(const std::string& dir);
 
 // Fault injection for drills and tests: called on every rank at each phase of save_checkpoint
 // ("start", "files": this rank's files written; rank 0 only: "manifest": written into
-// <dir>.partial, "swap": the previous checkpoint moved to <dir>.old). A hook that kills the
+// <dir>.partial, "swap": the previous checkpoint moved to <dir>.old; with tags, "latest": the
+// tag's directory complete, the pointer not yet moved). A hook that kills the
 // process shows what a crash there leaves: load_checkpoint and checkpoint_step still find the
 // previous checkpoint (in <dir>, or in <dir>.old after a crash mid-swap). Empty: none.
 void set_checkpoint_fault_hook(std::function<void(const std::string& phase)> hook);

@@ -1,0 +1,67 @@
+// Tagged checkpoints and the `latest` pointer (DeepSpeed's directory layout).
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint_fault.h"
+#include "pipetrain/engine/layer_checkpoint.h"
+#include "pipetrain/error.h"
+
+namespace pipetrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
+      tag.find('\n') != std::string::npos) {
+    throw CheckpointError("checkpoint tag \"" + tag + "\" must be a plain directory name (no '/', not '.' or '..')");
+  }
+}
+
+}  // namespace
+
+std::string latest_tag(const std::string& save_dir) {
+  std::ifstream in(fs::path(save_dir) / "latest");
+  std::string tag;
+  if (!in || !std::getline(in, tag)) return "";
+  return tag;
+}
+
+std::string save_tagged_checkpoint(PipelineEngine& engine, const std::string& save_dir, const std::string& tag_in,
+                                   const std::string& extra) {
+  const std::string tag = tag_in.empty() ? fmt::format("global_step{}", engine.global_steps()) : tag_in;
+  check_tag(tag);
+  auto& world = engine.communicator().world();
+  if (engine.communicator().rank() == 0) fs::create_directories(save_dir);
+  save_checkpoint(engine, (fs::path(save_dir) / tag).string(), extra);  // collective; ends with a barrier
+  if (engine.communicator().rank() == 0) {
+    checkpoint_fault_point("latest");
+    const fs::path tmp = fs::path(save_dir) / "latest.tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << tag << "\n";
+      if (!out.flush()) throw CheckpointError("cannot write " + tmp.string());
+    }
+    fs::rename(tmp, fs::path(save_dir) / "latest");
+  }
+  world.barrier("checkpoint pointer moved");
+  return tag;
+}
+
+int64_t load_tagged_checkpoint(PipelineEngine& engine, const std::string& load_dir, const std::string& tag_in) {
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    tag = latest_tag(load_dir);
+    if (tag.empty()) {
+      throw CheckpointError(load_dir + " has no 'latest' pointer; name a tag, or pass a directory written by "
+                            "save_tagged_checkpoint");
+    }
+  }
+  check_tag(tag);
+  return load_checkpoint(engine, (fs::path(load_dir) / tag).string());
+}
+
+}  // namespace pipetrain
