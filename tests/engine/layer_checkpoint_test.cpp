@@ -390,6 +390,21 @@ TEST_F(LayerCheckpoint, CorruptionAndMismatchAreCheckpointErrors) {
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("layer_00002.pt is corrupt"), std::string::npos) << e.what();
   }
+  // A truncated file (a disk that filled up, a copy cut short) and a truncated manifest.
+  fs::resize_file(ckpt + "/layer_00002.pt", 50);
+  try {
+    load_checkpoint(built, ckpt);
+    ADD_FAILURE() << "loaded a truncated layer file";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_00002.pt is corrupt"), std::string::npos) << e.what();
+  }
+  fs::resize_file(ckpt + "/manifest.json", 20);
+  try {
+    load_checkpoint(built, ckpt);
+    ADD_FAILURE() << "loaded a truncated manifest";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("manifest.json is not valid JSON"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(load_checkpoint(built, (dir_ / "missing").string()), CheckpointError);
   EXPECT_EQ(checkpoint_step((dir_ / "missing").string()), -1);
 }
