@@ -87,17 +87,23 @@ TEST_F(Examples, CnnShapesAndData) {
   EXPECT_GE(m.sum, 0);
 }
 
-TEST_F(Examples, CnnLossFallsInAFewSteps) {
-  REQUIRE_FASHION_MNIST();
-  const Example ex = make_example("cnn", ExampleOptions().eval_samples(500));
+// 25 reference steps of a Fashion-MNIST classifier: the first loss near ln 10 (within
+// `first_tolerance`), the last five 0.7 lower, better than 50% accuracy after 25 x 128 samples.
+void expect_classifier_learns(const Example& ex, double first_tolerance) {
   const auto r = train_reference(ex, ex.engine_config(), ReferenceOptions().steps(25));
   ASSERT_EQ(r.losses.size(), 25u);
-  EXPECT_NEAR(r.losses[0], std::log(10.0), 0.5);
+  EXPECT_NEAR(r.losses[0], std::log(10.0), first_tolerance);
   double tail = 0;
   for (int i = 20; i < 25; ++i) tail += r.losses[i] / 5;
   EXPECT_LT(tail, r.losses[0] - 0.7);
-  EXPECT_GT(r.metric, 0.5);  // accuracy after 25 x 128 samples
+  EXPECT_GT(r.metric, 0.5);
   EXPECT_EQ(r.samples, 25 * 128);
+}
+
+TEST_F(Examples, CnnLossFallsInAFewSteps) {
+  REQUIRE_FASHION_MNIST();
+  const Example ex = make_example("cnn", ExampleOptions().eval_samples(500));
+  expect_classifier_learns(ex, 0.5);
 }
 
 TEST_F(Examples, ResnetSkipsCrossStagesAndLossFalls) {
@@ -113,13 +119,7 @@ TEST_F(Examples, ResnetSkipsCrossStagesAndLossFalls) {
   EXPECT_EQ(plan.stashes_out(0, 10).size(), 2u);
   EXPECT_EQ(plan.pops_in(20, 30).size(), 2u);
 
-  const auto r = train_reference(ex, ex.engine_config(), ReferenceOptions().steps(25));
-  ASSERT_EQ(r.losses.size(), 25u);
-  EXPECT_NEAR(r.losses[0], std::log(10.0), 0.7);
-  double tail = 0;
-  for (int i = 20; i < 25; ++i) tail += r.losses[i] / 5;
-  EXPECT_LT(tail, r.losses[0] - 0.7);
-  EXPECT_GT(r.metric, 0.5);
+  expect_classifier_learns(ex, 0.7);
 }
 
 TEST_F(Examples, GptShapesAndTiedEmbedding) {
