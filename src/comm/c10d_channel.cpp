@@ -139,6 +139,7 @@ class RecvStateImpl final : public RecvState {
     if (channel_->closed()) throw UsageError((*op.namer)(op.self) + ": " + op.action + ": the channel is closed");
     return stream_->wait(p_, Clock::now() + timeout, op);
   }
+  bool ready() const override { return !channel_->closed() && stream_->ready(*p_); }
 
  private:
   std::shared_ptr<C10dChannel> channel_;  // keeps the stream alive

@@ -197,6 +197,13 @@ void RecvStream::run() {
   }
 }
 
+bool RecvStream::ready(const PendingRecv& p) {
+  // Gloo's receive work says it is complete only once waited on, so the header stands for the
+  // message: the sender posts the data right behind it.
+  std::lock_guard<std::mutex> lock(mu_);
+  return p.result.has_value() || (p.decoded && !p.error);
+}
+
 Batch RecvStream::wait(const std::shared_ptr<PendingRecv>& p, Clock::time_point deadline, const OpDesc& op) {
   if (p->result) return *p->result;
   if (p->error) std::rethrow_exception(p->error);

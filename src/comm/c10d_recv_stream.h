@@ -70,6 +70,8 @@ class RecvStream {
   std::shared_ptr<PendingRecv> post(const std::string& what, const OpDesc& op);
   // Waits for message p (engine thread); `op` names it in errors.
   Batch wait(const std::shared_ptr<PendingRecv>& p, Clock::time_point deadline, const OpDesc& op);
+  // Whether message p has arrived (its header; the data follows right behind); never blocks.
+  bool ready(const PendingRecv& p);
   // Stops the progress thread. Returns false when receives are still posted in Gloo, whose
   // buffers must then outlive the process group.
   bool close();

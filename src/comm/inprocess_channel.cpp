@@ -17,6 +17,13 @@ class InProcessRecv final : public RecvState {
   InProcessRecv(std::shared_ptr<HubState> hub, std::tuple<int, int, uint32_t> key, uint64_t seq, OpDesc op)
       : hub_(std::move(hub)), key_(key), seq_(seq), op_(std::move(op)) {}
 
+  bool ready() const override {
+    if (result_) return true;
+    std::lock_guard<std::mutex> lock(hub_->mu);
+    auto it = hub_->mailboxes.find(key_);
+    return it != hub_->mailboxes.end() && it->second.messages.count(seq_) > 0;
+  }
+
   Batch wait(std::chrono::milliseconds timeout) override {
     if (result_) return *result_;
     Mailbox::Message message;

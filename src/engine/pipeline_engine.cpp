@@ -249,6 +249,7 @@ double PipelineEngine::train_batch(DataIterator& data) {
   last_.seconds = seconds;
   last_.samples_per_s = static_cast<double>(config_.train_batch_size) / seconds;
   last_.op_seconds = result.seconds;
+  last_.weight_pauses = result.weight_pauses;
   if (comm_->rank() == 0 && config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) {
     util::log_info(fmt::format("step {} | loss {:.6f} | {:.3f} s/step | {:.1f} samples/s | lr {:.3g}{}",
                                global_steps_, last_.loss, seconds, last_.samples_per_s, last_.lr,

@@ -87,6 +87,7 @@ class Executor {
       }
       i = next;
     }
+    finish_paused_weight_gradients();
     if (s_.channel) s_.channel->wait_sends();
     return std::move(result_);
   }
@@ -266,16 +267,39 @@ class Executor {
           mbs.push_back(actions_[j].micro_batch);
           ++j;
         }
-        chunk(a).backward_weight(mbs);
+        weight_gradients(a.chunk, mbs, j);
         return j;
       }
       case Op::reduce_tied_grads:
       case Op::reduce_grads:
       case Op::optimizer_step:
+        finish_paused_weight_gradients();
         if (s_.on_step_op) s_.on_step_op(a.op, result_);
         return i + 1;
     }
     return i + 1;
+  }
+
+  // A group of weight gradients, placed by the list where the stage would wait for a gradient.
+  // When that gradient arrives while the group runs, the group pauses between two layers
+  // (StageModel::backward_weight_group): the backward it feeds is on the critical path of the
+  // stages before this one, W only fills time. The paused layers join the chunk's next group
+  // or run before the step actions:
+  //
+  //   list:  F7 [W0..W5]            RG6 I6 RG7 I7 [W6 W7]                             O
+  //   run:   F7 [W0..W5: layer 0]   RG6 I6 RG7 I7 [W6 W7: layer 0, W0..W7: layers 1..]  O
+  //
+  // `next` is the position after the group: the receive whose arrival pauses it.
+  void weight_gradients(int c, const std::vector<int64_t>& mbs, size_t next) {
+    const bool can_pause = s_.training && next < actions_.size() && actions_[next].op == Op::recv_grad &&
+                           actions_[next].peer_stage != s_.stage;
+    std::function<bool()> arrived;
+    if (can_pause) arrived = [this, next] { return recvs_[next].ready(); };
+    if (s_.chunks.at(static_cast<size_t>(c))->backward_weight_group(mbs, arrived)) ++result_.weight_pauses;
+  }
+
+  void finish_paused_weight_gradients() {
+    for (auto* chunk : s_.chunks) chunk->finish_weight_groups();
   }
 
   void forward(const Action& a) {

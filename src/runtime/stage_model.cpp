@@ -70,6 +70,32 @@ void StageModel::backward_weight(const std::vector<int64_t>& mbs) {
   for (auto* d : deferred_) d->backward_weight(mbs);
 }
 
+bool StageModel::backward_weight_group(const std::vector<int64_t>& mbs, const std::function<bool()>& pause) {
+  const auto n = static_cast<int64_t>(deferred_.size());
+  if (!paused_mbs_.empty()) {
+    std::vector<int64_t> all = paused_mbs_;
+    all.insert(all.end(), mbs.begin(), mbs.end());
+    for (int64_t l = 0; l < n; ++l) deferred_[static_cast<size_t>(l)]->backward_weight(l < paused_from_ ? mbs : all);
+    paused_mbs_.clear();
+    return false;
+  }
+  for (int64_t l = 0; l < n; ++l) {
+    if (pause && pause()) {
+      paused_from_ = l;
+      paused_mbs_ = mbs;
+      return true;
+    }
+    deferred_[static_cast<size_t>(l)]->backward_weight(mbs);
+  }
+  return false;
+}
+
+void StageModel::finish_weight_groups() {
+  if (paused_mbs_.empty()) return;
+  for (auto l = static_cast<size_t>(paused_from_); l < deferred_.size(); ++l) deferred_[l]->backward_weight(paused_mbs_);
+  paused_mbs_.clear();
+}
+
 void StageModel::weights_changed() {
   for (auto* d : deferred_) d->weights_changed();
 }
@@ -79,6 +105,7 @@ void StageModel::prepare_backward() {
 }
 
 void StageModel::clear() {
+  paused_mbs_.clear();
   for (auto* d : deferred_) d->clear();
 }
 

@@ -48,6 +48,7 @@ inline EngineConfig oracle_config(int micro_batches, const std::string& schedule
 struct OracleRun {
   std::vector<double> losses;                      // per step
   std::map<std::string, torch::Tensor> params;     // "<layer>.<name>" after the last step
+  int64_t weight_pauses = 0;                       // pipeline: over every rank and step
 };
 
 // Parameter names of the layer list: each module under its first use.
@@ -116,6 +117,7 @@ inline OracleRun pipeline_run(const OracleCase& c) {
             return c.data(s, engine.replica(), i++);
           });
           run.losses.push_back(engine.train_batch(it));
+          run.weight_pauses += engine.last_step().weight_pauses;
         }
         for (const auto& [name, p] : engine.named_parameters()) run.params[name] = p.detach().clone();
         comm->shutdown();
@@ -131,6 +133,7 @@ inline OracleRun pipeline_run(const OracleCase& c) {
   }
   OracleRun merged;
   merged.losses = runs[0].losses;
+  for (const auto& r : runs) merged.weight_pauses += r.weight_pauses;
   for (int rank = 0; rank < world; ++rank) {
     for (int r = 0; r < world; ++r) EXPECT_EQ(runs[static_cast<size_t>(r)].losses.size(), merged.losses.size());
     if (rank % c.replicas != 0) continue;  // replica 0 of each stage
@@ -141,9 +144,12 @@ inline OracleRun pipeline_run(const OracleCase& c) {
 
 // Every parameter of the pipelined run equals the reference's (a tied module's later uses are
 // compared with its first use), and so does every step's loss.
-inline void expect_same_training(const OracleCase& c, double rtol = 1e-4, double atol = 1e-6) {
+// `pipelined` (optional) receives the pipelined run.
+inline void expect_same_training(const OracleCase& c, double rtol = 1e-4, double atol = 1e-6,
+                                 OracleRun* pipelined = nullptr) {
   const auto ref = reference_run(c);
   const auto pipe = pipeline_run(c);
+  if (pipelined) *pipelined = pipe;
   ASSERT_EQ(pipe.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
     EXPECT_NEAR(pipe.losses[s], ref.losses[s], atol + rtol * std::abs(ref.losses[s])) << "loss of step " << s;

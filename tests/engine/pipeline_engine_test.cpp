@@ -4,6 +4,9 @@
 // another order and fuses the weight-gradient products).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "engine/engine_models.h"
 #include "engine/engine_oracle.h"
 
@@ -133,6 +136,33 @@ TEST(Engine, WarmupScheduler) {
   c.config.scheduler.warmup_num_steps = 2;
   c.steps = 4;
   expect_same_training(c);
+}
+
+// Identity that takes 20 ms per forward with gradients: makes stage 0 the slow one.
+struct SlowForwardImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (torch::GradMode::is_enabled()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return x;
+  }
+};
+TORCH_MODULE(SlowForward);
+
+TEST(Engine, WeightGradientsPauseForAnArrivedGradient) {
+  // Stage 0 reaches its first W group (after its last forward) long after stage 1 sent the
+  // gradient that follows the group: the group pauses, and the weights still equal the
+  // one-process run's.
+  OracleCase c = mlp_case(2, 4, "1f1b", 4);
+  c.module = [] {
+    auto m = mlp(6, 16, 3, 4);
+    m.layers.insert(m.layers.begin(), LayerSpec::of<SlowForward>("SlowForward"));
+    m.loss = mse;
+    return m;
+  };
+  c.config.pipeline.partition_method = "balance";
+  c.config.pipeline.balance = {4, 4};
+  OracleRun pipelined;
+  expect_same_training(c, 1e-4, 1e-6, &pipelined);
+  EXPECT_GE(pipelined.weight_pauses, c.steps) << "one pause per step on stage 0 at least";
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ class RecvState {
  public:
   virtual ~RecvState() = default;
   virtual Batch wait(std::chrono::milliseconds timeout) = 0;
+  virtual bool ready() const = 0;
 };
 }  // namespace detail
 
@@ -92,6 +93,9 @@ class RecvHandle {
       : state_(std::move(state)), timeout_(timeout) {}
   Batch wait() const { return wait(timeout_); }
   Batch wait(std::chrono::milliseconds timeout) const;
+  // Whether the message has arrived, so wait() no longer waits for the sender (over Gloo: its
+  // header has, and the data is right behind it); never blocks.
+  bool ready() const { return state_ != nullptr && state_->ready(); }
   bool valid() const { return state_ != nullptr; }
 
  private:

@@ -44,6 +44,8 @@ struct StepStats {
   bool skipped = false;   // non-finite loss or gradient with on_nonfinite_loss = "skip"
   // Seconds per schedule op on this rank (forward, backward_input, send_activation, ...).
   std::array<double, schedule::kNumOps> op_seconds{};
+  // Weight-gradient groups this rank paused because a gradient arrived (stage_executor.cpp).
+  int64_t weight_pauses = 0;
 };
 
 struct EvalResult {

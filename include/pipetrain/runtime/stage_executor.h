@@ -62,6 +62,7 @@ struct StageStepResult {
   std::vector<Batch> outputs;                 // by micro-batch, with keep_outputs
   std::vector<schedule::TimedEvent> events;   // one per action, row = stage
   std::array<double, schedule::kNumOps> seconds{};  // time per op kind
+  int64_t weight_pauses = 0;  // weight-gradient groups paused for an arrived gradient
 };
 
 // Runs the actions of `step.stage`. Throws what a layer, the loss or the channel throws, with

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -45,6 +46,13 @@ class StageModel {
   // Weight gradients of the fast-path Linear layers for these micro-batches, fused. The other
   // layers' parameter gradients are computed by autograd in backward, as usual.
   void backward_weight(const std::vector<int64_t>& mbs);
+  // A group of weight gradients that may pause between two layers when `pause()` says the
+  // stage has more urgent work; returns true when it paused. The paused layers join the next
+  // group (one larger product: layers already done take only the new micro-batches) or run in
+  // finish_weight_groups(). With a paused group pending, the next group does not pause.
+  bool backward_weight_group(const std::vector<int64_t>& mbs, const std::function<bool()>& pause);
+  // Runs what a paused group left (before the optimizer step).
+  void finish_weight_groups();
   bool has_deferred_weights() const { return !deferred_.empty(); }
 
   // The weights changed in place (optimizer step, checkpoint load): refresh cached copies.
@@ -69,6 +77,8 @@ class StageModel {
   // Per local layer: its fast path, or null.
   std::vector<std::unique_ptr<DeferredLinear>> fast_;
   std::vector<DeferredLinear*> deferred_;
+  int64_t paused_from_ = 0;             // the first layer a paused group has not done
+  std::vector<int64_t> paused_mbs_;     // its micro-batches (empty: nothing paused)
 };
 
 }  // namespace pipetrain::runtime
