@@ -82,6 +82,26 @@ TEST(InProcessChannel, CopiesByDefault) {
   });
 }
 
+TEST(InProcessChannel, ReadyOnceTheMessageIsThere) {
+  auto hub = InProcessHub::create(2);
+  run_ranks(hub, [](int rank, Communicator& c) {
+    if (rank == 0) {
+      c.world().barrier();
+      c.channel().isend(1, Stream::gradient(), Batch(torch::ones({2})), "g");
+      c.world().barrier();
+    } else {
+      auto h = c.channel().irecv(0, Stream::gradient(), "g");
+      EXPECT_FALSE(h.ready());
+      c.world().barrier();
+      c.world().barrier();
+      EXPECT_TRUE(h.ready());
+      EXPECT_TRUE(h.wait().tensor().equal(torch::ones({2})));
+      EXPECT_TRUE(h.ready()) << "and stays so after the wait";
+    }
+  });
+  EXPECT_FALSE(comm::RecvHandle().ready());
+}
+
 TEST(InProcessChannel, TimeoutNamesBothEnds) {
   auto hub = InProcessHub::create(2, CommOptions().timeout(200ms).heartbeat_interval(50ms));
   auto c1 = hub->endpoint(1);

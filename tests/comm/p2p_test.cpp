@@ -67,6 +67,10 @@ PIPETRAIN_RANK_WORKER(p2p_exchange) {
     std::vector<RecvHandle> chunk1;
     for (int i = 0; i < kMessages; i += 3) chunk1.push_back(ch.irecv(peer, Stream::activation(1), "chunk 1"));
     for (int i = 0; i < kMessages; ++i) expect_same(acts[static_cast<size_t>(i)].wait(), activation(i), i);
+    // ready() turns true without waiting once the message is here (the sender is done).
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!chunk1.back().ready() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(chunk1.back().ready());
     // Received activations are leaves that autograd can differentiate.
     const Batch first = acts[0].wait();
     (first[0] * 2).sum().backward();
