@@ -8,29 +8,18 @@
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/util/error_context.h"
+#include "skip_traffic.h"
 
 namespace pipetrain::runtime {
 
+using detail::SkipTraffic;
+
 namespace {
 
+using detail::hand_over;
+using detail::needs_grad;
 using schedule::Action;
 using schedule::Op;
-
-bool needs_grad(const torch::Tensor& t) {
-  return t.defined() && t.is_floating_point() && t.requires_grad();
-}
-
-// What crosses to the next chunk on the same stage (ZB-V's turn): a fresh leaf, as if it had
-// travelled through a channel.
-Batch hand_over(const Batch& b) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : b.tensors()) {
-    auto d = t.detach();
-    if (needs_grad(t)) d.requires_grad_(true);
-    out.push_back(d);
-  }
-  return b.with(std::move(out));
-}
 
 struct MicroState {
   Batch input;        // the chunk's input (leaves where they need a gradient)
@@ -54,17 +43,9 @@ class Executor {
         actions_(sched_.stages.at(step.stage)),
         m_(sched_.num_micro_batches),
         states_(static_cast<size_t>(sched_.num_chunks() * m_)),
-        release_(schedule::slot_released_after(sched_, step.stage)) {
+        release_(schedule::slot_released_after(sched_, step.stage)),
+        skips_(step) {
     if (step.keep_outputs) result_.outputs.resize(static_cast<size_t>(m_));
-    in_links_.resize(static_cast<size_t>(sched_.num_chunks()));
-    out_links_.resize(static_cast<size_t>(sched_.num_chunks()));
-    if (!step.skip_links) return;
-    for (const auto& l : *step.skip_links) {
-      const auto dst = sched_.layout.placement(l.dst_virtual);
-      const auto src = sched_.layout.placement(l.src_virtual);
-      if (dst.stage == step.stage) in_links_[static_cast<size_t>(dst.chunk)].push_back(&l);
-      if (src.stage == step.stage) out_links_[static_cast<size_t>(src.chunk)].push_back(&l);
-    }
   }
 
   StageStepResult run() {
@@ -111,77 +92,7 @@ class Executor {
       recvs_[i] = s_.channel->irecv(s_.rank_of_stage(a.peer_stage), stream,
                                     what(act ? "activation" : "gradient", a));
     }
-    post_skip_receives();
-  }
-
-  // Each link's receives in the order its sender sends: the stashing chunk's forwards, the
-  // popping chunk's backwards (B or I).
-  void post_skip_receives() {
-    for (size_t c = 0; c < in_links_.size(); ++c) {
-      for (const SkipLink* l : in_links_[c]) {
-        const auto src = sched_.layout.placement(l->src_virtual);
-        if (src.stage == s_.stage) continue;
-        for (const Action& a : sched_.stages.at(src.stage)) {
-          if (a.op != Op::forward || a.chunk != src.chunk) continue;
-          skip_recvs_[{l->id, a.micro_batch, 0}] = s_.channel->irecv(
-              s_.rank_of_stage(src.stage), comm::Stream::skip_activation(l->id), skip_what("skip tensors", *l, a));
-        }
-      }
-    }
-    if (!s_.training) return;
-    for (size_t c = 0; c < out_links_.size(); ++c) {
-      for (const SkipLink* l : out_links_[c]) {
-        const auto dst = sched_.layout.placement(l->dst_virtual);
-        if (dst.stage == s_.stage) continue;
-        for (const Action& a : sched_.stages.at(dst.stage)) {
-          if ((a.op != Op::backward && a.op != Op::backward_input) || a.chunk != dst.chunk) continue;
-          skip_recvs_[{l->id, a.micro_batch, 1}] = s_.channel->irecv(
-              s_.rank_of_stage(dst.stage), comm::Stream::skip_gradient(l->id), skip_what("skip gradients", *l, a));
-        }
-      }
-    }
-  }
-
-  static std::string skip_what(const char* kind, const SkipLink& l, const Action& a) {
-    return std::string(kind) + " of micro-batch " + std::to_string(a.micro_batch) + " (link " +
-           std::to_string(l.id) + ": part " + std::to_string(l.src_virtual) + " -> " +
-           std::to_string(l.dst_virtual) + ")";
-  }
-
-  // The message of link `l` for micro-batch `mb`: skip tensors (grad = 0) or their gradients.
-  Batch receive_skip(const SkipLink& l, int mb, int grad) {
-    const std::tuple<int, int, int> key{l.id, mb, grad};
-    if (sched_.layout.placement(grad ? l.dst_virtual : l.src_virtual).stage == s_.stage) {
-      auto it = local_skips_.find(key);
-      if (it == local_skips_.end()) {
-        throw ScheduleError(std::string("nothing was handed over for the ") + (grad ? "skip gradients" : "skip tensors") +
-                            " of link " + std::to_string(l.id) + ", micro-batch " + std::to_string(mb));
-      }
-      Batch b = std::move(it->second);
-      local_skips_.erase(it);
-      return b;
-    }
-    auto it = skip_recvs_.find(key);
-    if (it == skip_recvs_.end()) {
-      throw ScheduleError(std::string("no receive of the ") + (grad ? "skip gradients" : "skip tensors") + " of link " +
-                          std::to_string(l.id) + ", micro-batch " + std::to_string(mb) + " was posted on stage " +
-                          std::to_string(s_.stage));
-    }
-    Batch b = it->second.wait();
-    skip_recvs_.erase(it);
-    return b;
-  }
-
-  void send_skip(const SkipLink& l, int mb, int grad, const Batch& b) {
-    const auto to = sched_.layout.placement(grad ? l.src_virtual : l.dst_virtual);
-    if (to.stage == s_.stage) {
-      local_skips_[{l.id, mb, grad}] = hand_over(b);
-      return;
-    }
-    const auto stream = grad ? comm::Stream::skip_gradient(l.id) : comm::Stream::skip_activation(l.id);
-    s_.channel->isend(s_.rank_of_stage(to.stage), stream, b,
-                      std::string(grad ? "skip gradients" : "skip tensors") + " of micro-batch " + std::to_string(mb) +
-                          " (link " + std::to_string(l.id) + ")");
+    skips_.post_receives();
   }
 
   Batch receive(size_t i, const Action& a, Op kind) {
@@ -283,11 +194,11 @@ class Executor {
   // A group of weight gradients, placed by the list where the stage would wait for a gradient.
   // When that gradient arrives while the group runs, the group pauses between two layers
   // (StageModel::backward_weight_group): the backward it feeds is on the critical path of the
-  // stages before this one, W only fills time. The paused layers join the chunk's next group
-  // or run before the step actions:
+  // stages before this one, W only fills time. The paused layers run with the chunk's next
+  // group (the same products, so the same bits) or before the step actions:
   //
-  //   list:  F7 [W0..W5]            RG6 I6 RG7 I7 [W6 W7]                             O
-  //   run:   F7 [W0..W5: layer 0]   RG6 I6 RG7 I7 [W6 W7: layer 0, W0..W7: layers 1..]  O
+  //   list:  F7 [W0..W5]            RG6 I6 RG7 I7 [W6 W7]                                  O
+  //   run:   F7 [W0..W5: layer 0]   RG6 I6 RG7 I7 [W6 W7 layer 0; W0..W5 then W6 W7 layers 1..]  O
   //
   // `next` is the position after the group: the receive whose arrival pauses it.
   void weight_gradients(int c, const std::vector<int64_t>& mbs, size_t next) {
@@ -306,10 +217,9 @@ class Executor {
     auto& st = state(a);
     if (!st.has_input) throw ScheduleError("forward ran before its input was loaded or received");
     torch::AutoGradMode grad_mode(s_.training);
-    const auto& ins = in_links_[static_cast<size_t>(a.chunk)];
     st.skip_in.clear();
-    for (const SkipLink* l : ins) {
-      Batch b = receive_skip(*l, a.micro_batch, 0);
+    for (const SkipLink* l : skips_.in_links(a.chunk)) {
+      Batch b = skips_.receive(*l, a.micro_batch, false);
       if (b.size() != l->keys.size()) {
         throw BatchError("received " + std::to_string(b.size()) + " skip tensors on link " + std::to_string(l->id) +
                          " for " + std::to_string(l->keys.size()) + " keys");
@@ -319,11 +229,11 @@ class Executor {
     }
     Batch out = chunk(a).forward(st.input, a.micro_batch, st.skips);
     st.skip_out.clear();
-    for (const SkipLink* l : out_links_[static_cast<size_t>(a.chunk)]) {
+    for (const SkipLink* l : skips_.out_links(a.chunk)) {
       std::vector<torch::Tensor> stashed;
       for (const auto& key : l->keys) stashed.push_back(st.skips.pop(key));
       Batch b = Batch::tuple(std::move(stashed));
-      send_skip(*l, a.micro_batch, 0, b);
+      skips_.send(*l, a.micro_batch, false, b);
       if (s_.training) st.skip_out.push_back(std::move(b));
     }
     if (!s_.training) st.skip_in.clear();
@@ -384,9 +294,9 @@ class Executor {
       st.has_grad = false;
     }
     // Stashed tensors that left for later parts get their gradients from there.
-    const auto& outs = out_links_[static_cast<size_t>(a.chunk)];
+    const auto& outs = skips_.out_links(a.chunk);
     for (size_t k = 0; k < outs.size() && k < st.skip_out.size(); ++k) {
-      Batch g = receive_skip(*outs[k], a.micro_batch, 1);
+      Batch g = skips_.receive(*outs[k], a.micro_batch, true);
       const auto& stashed = st.skip_out[k].tensors();
       if (g.size() != static_cast<size_t>(std::count_if(stashed.begin(), stashed.end(), needs_grad))) {
         throw BatchError("received " + std::to_string(g.size()) + " skip gradients on link " +
@@ -413,9 +323,9 @@ class Executor {
       st.input_grad = Batch::tuple(leaf_grads(st.input));
       st.has_input_grad = true;
     }
-    const auto& ins = in_links_[static_cast<size_t>(a.chunk)];
+    const auto& ins = skips_.in_links(a.chunk);
     for (size_t k = 0; k < ins.size() && k < st.skip_in.size(); ++k) {
-      send_skip(*ins[k], a.micro_batch, 1, Batch::tuple(leaf_grads(st.skip_in[k])));
+      skips_.send(*ins[k], a.micro_batch, true, Batch::tuple(leaf_grads(st.skip_in[k])));
     }
     st.skip_in.clear();
     st.input = Batch();
@@ -458,11 +368,7 @@ class Executor {
   std::vector<bool> release_;
   std::vector<comm::RecvHandle> recvs_;
   std::map<std::tuple<Op, int, int>, Batch> local_;
-  // Skip links of each local chunk, and their messages by (link, micro-batch, 0 = tensors /
-  // 1 = gradients): posted receives, and hand-overs between chunks of this stage.
-  std::vector<std::vector<const SkipLink*>> in_links_, out_links_;
-  std::map<std::tuple<int, int, int>, comm::RecvHandle> skip_recvs_;
-  std::map<std::tuple<int, int, int>, Batch> local_skips_;
+  SkipTraffic skips_;
   bool prepared_ = false;
   StageStepResult result_;
 };

@@ -73,9 +73,12 @@ void StageModel::backward_weight(const std::vector<int64_t>& mbs) {
 bool StageModel::backward_weight_group(const std::vector<int64_t>& mbs, const std::function<bool()>& pause) {
   const auto n = static_cast<int64_t>(deferred_.size());
   if (!paused_mbs_.empty()) {
-    std::vector<int64_t> all = paused_mbs_;
-    all.insert(all.end(), mbs.begin(), mbs.end());
-    for (int64_t l = 0; l < n; ++l) deferred_[static_cast<size_t>(l)]->backward_weight(l < paused_from_ ? mbs : all);
+    // The paused products first, each layer's as it would have been: every layer sums the
+    // same products in the same order as without the pause, so results do not depend on timing.
+    for (int64_t l = 0; l < n; ++l) {
+      if (l >= paused_from_) deferred_[static_cast<size_t>(l)]->backward_weight(paused_mbs_);
+      deferred_[static_cast<size_t>(l)]->backward_weight(mbs);
+    }
     paused_mbs_.clear();
     return false;
   }

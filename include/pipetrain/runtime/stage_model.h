@@ -47,9 +47,11 @@ class StageModel {
   // layers' parameter gradients are computed by autograd in backward, as usual.
   void backward_weight(const std::vector<int64_t>& mbs);
   // A group of weight gradients that may pause between two layers when `pause()` says the
-  // stage has more urgent work; returns true when it paused. The paused layers join the next
-  // group (one larger product: layers already done take only the new micro-batches) or run in
-  // finish_weight_groups(). With a paused group pending, the next group does not pause.
+  // stage has more urgent work; returns true when it paused. The paused layers run in the next
+  // group, each just before that group's product for the same layer, or in
+  // finish_weight_groups(): every layer accumulates the same products in the same order as
+  // without the pause, so the result is bit for bit the same whatever the timing. With a
+  // paused group pending, the next group does not pause.
   bool backward_weight_group(const std::vector<int64_t>& mbs, const std::function<bool()>& pause);
   // Runs what a paused group left (before the optimizer step).
   void finish_weight_groups();
