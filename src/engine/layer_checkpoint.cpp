@@ -43,6 +43,7 @@ fs::path resolve_dir(const fs::path& dir) {
 }
 
 std::string layer_file(int64_t index) { return fmt::format("layer_{:05d}.pt", index); }
+std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
 std::string rng_file(int rank) { return fmt::format("rng_rank_{:05d}.pt", rank); }
 
 // This process's default CPU generator (dropout and other random layers draw from it).
@@ -63,7 +64,6 @@ void load_rng_state(const fs::path& path) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
-std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
 
 std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
