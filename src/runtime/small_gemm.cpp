@@ -16,12 +16,22 @@ namespace {
 constexpr int64_t kPanel = PackedWeight::kPanel;
 constexpr int kTileRows = 8;  // 8 x 32 accumulators: 16 of the 32 vector registers
 
+// What the tile after this one reads, to prefetch (null: nothing).
+struct Next {
+  const float* a = nullptr;
+  const float* b = nullptr;
+};
+
 #ifdef PIPETRAIN_HAVE_AVX512_KERNELS
 // out[i][0..31] = sum_k a[i * lda + k] * bp[k][0..31] for i < MR: each step loads one 32-float
 // row of the packed operand and broadcasts MR scalars of the other, 2 x MR FMAs.
+// The operands of the next tile are prefetched into L2 alongside (next.a: its MR rows, the
+// same stride; next.b: its packed panel): a 1024-float row is one 4 KiB page, where the
+// hardware prefetcher stops, so a stage that streams 32 MiB of weights per micro-batch
+// would otherwise wait on memory at every row.
 template <int MR>
 __attribute__((target("avx512f"))) void micro_tile(int64_t k_len, const float* a, int64_t lda, const float* bp,
-                                                   float (*out)[kPanel]) {
+                                                   float (*out)[kPanel], Next next) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -29,6 +39,14 @@ __attribute__((target("avx512f"))) void micro_tile(int64_t k_len, const float* a
     c1[i] = _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < k_len; ++k) {
+    if (next.a && k % 16 == 0) {
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(next.a + i * lda + k), _MM_HINT_T1);
+    }
+    if (next.b) {
+      _mm_prefetch(reinterpret_cast<const char*>(next.b + k * kPanel), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(next.b + k * kPanel + 16), _MM_HINT_T1);
+    }
     const __m512 b0 = _mm512_loadu_ps(bp + k * kPanel);
     const __m512 b1 = _mm512_loadu_ps(bp + k * kPanel + 16);
 #pragma GCC unroll 8
@@ -45,20 +63,81 @@ __attribute__((target("avx512f"))) void micro_tile(int64_t k_len, const float* a
   }
 }
 
-void tile(int rows, int64_t k_len, const float* a, int64_t lda, const float* bp, float (*out)[kPanel]) {
+// The weight-gradient tile: acc[i][0..31] continues, over every part's rows in order,
+//   acc[i][c] += dy^T[r0 + i][k] * x[k][col0 + c]
+// with x packed once per micro-batch (WeightGradOperands) and dy read where it is (a transposed
+// copy of dy measured no faster and costs a pass over it).
+// The accumulators come from and go to dW itself (masked to the panel's columns): staging
+// them in a buffer costs a store-forwarding stall per register, a third of a 32-row tile.
+template <int MR>
+__attribute__((target("avx512f"))) void weight_tile(const WeightGradOperands* const* parts, size_t num_parts,
+                                                    int64_t r0, int64_t panel, float* dw, int64_t ldd,
+                                                    __mmask16 m0, __mmask16 m1, bool fresh) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, dw + i * ldd);
+    c1[i] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, dw + i * ldd + 16);
+  }
+  for (size_t part = 0; part < num_parts; ++part) {
+    const WeightGradOperands& op = *parts[part];
+    const int64_t k_len = op.rows();
+    const int64_t lda = op.out_features();
+    const float* a = op.dy() + r0;  // dy^T[r0 + i][k] = dy[k][r0 + i]: 8 floats of one line per k
+    const float* bp = op.x_panel(panel);
+    for (int64_t k = 0; k < k_len; ++k) {
+      const __m512 b0 = _mm512_loadu_ps(bp + k * kPanel);
+      const __m512 b1 = _mm512_loadu_ps(bp + k * kPanel + 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512 s = _mm512_set1_ps(a[k * lda + i]);
+        c0[i] = _mm512_fmadd_ps(s, b0, c0[i]);
+        c1[i] = _mm512_fmadd_ps(s, b1, c1[i]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    _mm512_mask_storeu_ps(dw + i * ldd, m0, c0[i]);
+    _mm512_mask_storeu_ps(dw + i * ldd + 16, m1, c1[i]);
+  }
+}
+
+void weight_tile_rows(int rows, const WeightGradOperands* const* parts, size_t num_parts, int64_t r0, int64_t panel,
+                      float* dw, int64_t ldd, int64_t cols, bool fresh) {
+  const auto m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  const auto m1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
   switch (rows) {
-    case 8: return micro_tile<8>(k_len, a, lda, bp, out);
-    case 7: return micro_tile<7>(k_len, a, lda, bp, out);
-    case 6: return micro_tile<6>(k_len, a, lda, bp, out);
-    case 5: return micro_tile<5>(k_len, a, lda, bp, out);
-    case 4: return micro_tile<4>(k_len, a, lda, bp, out);
-    case 3: return micro_tile<3>(k_len, a, lda, bp, out);
-    case 2: return micro_tile<2>(k_len, a, lda, bp, out);
-    default: return micro_tile<1>(k_len, a, lda, bp, out);
+    case 8: return weight_tile<8>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+    case 7: return weight_tile<7>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+    case 6: return weight_tile<6>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+    case 5: return weight_tile<5>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+    case 4: return weight_tile<4>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+    case 3: return weight_tile<3>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+    case 2: return weight_tile<2>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+    default: return weight_tile<1>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+  }
+}
+
+void tile(int rows, int64_t k_len, const float* a, int64_t lda, const float* bp, float (*out)[kPanel],
+          Next next = {}) {
+  switch (rows) {
+    case 8: return micro_tile<8>(k_len, a, lda, bp, out, next);
+    case 7: return micro_tile<7>(k_len, a, lda, bp, out, next);
+    case 6: return micro_tile<6>(k_len, a, lda, bp, out, next);
+    case 5: return micro_tile<5>(k_len, a, lda, bp, out, next);
+    case 4: return micro_tile<4>(k_len, a, lda, bp, out, next);
+    case 3: return micro_tile<3>(k_len, a, lda, bp, out, next);
+    case 2: return micro_tile<2>(k_len, a, lda, bp, out, next);
+    default: return micro_tile<1>(k_len, a, lda, bp, out, next);
   }
 }
 #else
-void tile(int, int64_t, const float*, int64_t, const float*, float (*)[kPanel]) {
+void tile(int, int64_t, const float*, int64_t, const float*, float (*)[kPanel], Next = {}) {
+  TORCH_CHECK(false, "pipetrain's native GEMM kernels need an x86-64 build");
+}
+void weight_tile_rows(int, const WeightGradOperands* const*, size_t, int64_t, int64_t, float*, int64_t, int64_t,
+                      bool) {
   TORCH_CHECK(false, "pipetrain's native GEMM kernels need an x86-64 build");
 }
 #endif
@@ -132,8 +211,10 @@ torch::Tensor native_linear(const torch::Tensor& x_in, const torch::Tensor& weig
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r0 = t * kTileRows;
       const int rows = static_cast<int>(std::min<int64_t>(kTileRows, out - r0));
+      Next next;
+      if (t + 1 < end && rows == kTileRows) next.a = w + (r0 + kTileRows) * k;
       for (int64_t p = 0; p < panels; ++p) {
-        tile(rows, k, w + r0 * k, k, xp + p * k * kPanel, acc);
+        tile(rows, k, w + r0 * k, k, xp + p * k * kPanel, acc, p + 1 == panels ? next : Next{});
         const int64_t cols = std::min(kPanel, m - p * kPanel);
         for (int64_t c = 0; c < cols; ++c) {
           float* yrow = dst + (p * kPanel + c) * out + r0;
@@ -159,12 +240,62 @@ torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& 
       const int64_t cols = std::min(kPanel, in - p * kPanel);
       for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m - r0));
-        tile(rows, k, a + r0 * k, k, weight.panel(p), acc);
+        Next next;
+        if (r0 + kTileRows >= m && p + 1 < end) next.b = weight.panel(p + 1);
+        tile(rows, k, a + r0 * k, k, weight.panel(p), acc, next);
         for (int i = 0; i < rows; ++i) std::copy(acc[i], acc[i] + cols, dst + (r0 + i) * in + p * kPanel);
       }
     }
   });
   return dx;
+}
+
+WeightGradOperands::WeightGradOperands(const torch::Tensor& dy_in, const torch::Tensor& x_in)
+    : dy_(dy_in.contiguous()), x_(x_in.contiguous()) {
+  TORCH_CHECK(dy_.dim() == 2 && x_.dim() == 2 && dy_.size(0) == x_.size(0), "WeightGradOperands: dy ",
+              dy_.sizes(), " and x ", x_.sizes(), " must be matrices with the same rows");
+  rows_ = dy_.size(0);
+  out_ = dy_.size(1);
+  in_ = x_.size(1);
+  x_packed_.pack(x_);
+  x_ptr_ = x_packed_.panel(0);
+  dy_ptr_ = dy_.data_ptr<float>();
+}
+
+void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
+                        const std::vector<const WeightGradOperands*>& parts, bool fresh) {
+  if (parts.empty()) return;
+  const int64_t out = parts.front()->out_features(), in = parts.front()->in_features();
+  for (const auto* part : parts) {
+    TORCH_CHECK(part->out_features() == out && part->in_features() == in, "native_weight_grad: parts of shapes ",
+                part->out_features(), "x", part->in_features(), " and ", out, "x", in);
+  }
+  TORCH_CHECK(0 <= r_begin && r_begin <= r_end && r_end <= out, "native_weight_grad: rows [", r_begin, ", ", r_end,
+              ") outside 0..", out);
+  const int64_t panels = (in + kPanel - 1) / kPanel;
+  const int64_t tiles = (r_end - r_begin + kTileRows - 1) / kTileRows;
+  // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t col0 = p * kPanel;
+      const int64_t cols = std::min(kPanel, in - col0);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t r0 = r_begin + t * kTileRows;
+        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, r_end - r0));
+        weight_tile_rows(rows, parts.data(), parts.size(), r0, p, dw + r0 * in + col0, in, cols, fresh);
+      }
+    }
+  });
+  if (!db) return;
+  // Row by row in order, as the products: the same bits however the rows are split.
+  if (fresh) std::fill(db + r_begin, db + r_end, 0.0f);
+  for (const auto* part : parts) {
+    const float* dy = part->dy();
+    for (int64_t k = 0; k < part->rows(); ++k) {
+      const float* g = dy + k * out;
+      for (int64_t j = r_begin; j < r_end; ++j) db[j] += g[j];
+    }
+  }
 }
 
 }  // namespace pipetrain::runtime

@@ -8,7 +8,8 @@
 //                                against the small x^T packed per call (cheap: M x in floats)
 //   input grad   dx = dy W       against W packed once per weight version into 32-column
 //                                panels (PackedWeight), reused by every micro-batch of a step
-//   weight grad  dW = dy^T x     the same kernel over all micro-batches' rows, x packed
+//   weight grad  dW += dy^T x    dy and x read in place, micro-batch after micro-batch, into
+//                                an accumulator that can stop and resume anywhere (below)
 // They use AVX-512 (chosen at run time); elsewhere native_gemm_available() is false and the
 // engine takes oneDNN or BLAS instead.
 #pragma once
@@ -16,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace pipetrain::runtime {
 
@@ -53,5 +55,38 @@ torch::Tensor native_linear(const torch::Tensor& x, const torch::Tensor& weight,
 
 // dx = dy W for dy (M x out) and W packed.
 torch::Tensor native_input_grad(const torch::Tensor& dy, const PackedWeight& weight);
+
+// One micro-batch's share of a weight gradient, laid out for the kernel once: x packed like a
+// weight (PackedWeight), dy as it is. Keeps both alive.
+class WeightGradOperands {
+ public:
+  WeightGradOperands(const torch::Tensor& dy, const torch::Tensor& x);
+
+  int64_t rows() const { return rows_; }
+  int64_t out_features() const { return out_; }
+  int64_t in_features() const { return in_; }
+  // Raw pointers, read once: the kernel's tile loop must not call out of line (every call
+  // would spill its 16 accumulator registers).
+  const float* dy() const { return dy_ptr_; }
+  const float* x_panel(int64_t p) const { return x_ptr_ + p * rows_ * PackedWeight::kPanel; }
+
+ private:
+  torch::Tensor dy_, x_;
+  PackedWeight x_packed_;
+  int64_t rows_ = 0;
+  int64_t out_ = 0;
+  int64_t in_ = 0;
+  const float* dy_ptr_ = nullptr;
+  const float* x_ptr_ = nullptr;
+};
+
+// Rows [r_begin, r_end) of dW (out x in) and db (out; null: no bias) accumulate the parts in
+// order: dW += dy^T x, db += the column sums of dy. `fresh` starts them from zero instead of
+// their current values. Every element is one chain of float operations over the parts' rows in
+// order, kept in float32 between calls, so any split of the parts or of the rows across calls
+// gives the same bits as one call: the engine can run a weight gradient in pieces, whenever a
+// stage would otherwise wait, without its result depending on the timing.
+void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
+                        const std::vector<const WeightGradOperands*>& parts, bool fresh);
 
 }  // namespace pipetrain::runtime
