@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "pipetrain/error.h"
@@ -62,13 +63,14 @@ class Executor {
                                    schedule::to_string(a));
       }
       const double t1 = s_.clock();
-      record(i, next, t0, t1);
+      record(i, next, filled_until_ >= 0 ? filled_until_ : t0, t1);
+      filled_until_ = -1;
       for (size_t k = i; k < next; ++k) {
         if (release_[k]) release(actions_[k]);
       }
       i = next;
     }
-    finish_paused_weight_gradients();
+    finish_weight_gradients();
     if (s_.channel) s_.channel->wait_sends();
     return std::move(result_);
   }
@@ -103,6 +105,9 @@ class Executor {
         for (auto* c : s_.chunks) c->prepare_backward();
         prepared_ = true;
       }
+      // Queued weight-gradient pieces fill the wait (their result does not depend on when
+      // they run); each is short, so the message waits at most one piece.
+      if (s_.training && !recvs_[i].ready()) fill_wait(recvs_[i]);
       return recvs_[i].wait();
     }
     auto it = local_.find({kind, a.chunk, a.micro_batch});
@@ -184,7 +189,7 @@ class Executor {
       case Op::reduce_tied_grads:
       case Op::reduce_grads:
       case Op::optimizer_step:
-        finish_paused_weight_gradients();
+        finish_weight_gradients();
         if (s_.on_step_op) s_.on_step_op(a.op, result_);
         return i + 1;
     }
@@ -192,13 +197,13 @@ class Executor {
   }
 
   // A group of weight gradients, placed by the list where the stage would wait for a gradient.
-  // When that gradient arrives while the group runs, the group pauses between two layers
-  // (StageModel::backward_weight_group): the backward it feeds is on the critical path of the
-  // stages before this one, W only fills time. The paused layers run with the chunk's next
-  // group (the same products, so the same bits) or before the step actions:
+  // When that gradient arrives while the group runs, the group pauses (between two pieces of
+  // the native accumulator, StageModel::backward_weight_group): the backward it feeds is on
+  // the critical path of the stages before this one, W only fills time. What is left runs in
+  // the stage's next waits for a message, or before the step actions:
   //
-  //   list:  F7 [W0..W5]            RG6 I6 RG7 I7 [W6 W7]                                  O
-  //   run:   F7 [W0..W5: layer 0]   RG6 I6 RG7 I7 [W6 W7 layer 0; W0..W5 then W6 W7 layers 1..]  O
+  //   list:  F7 [W0..W5]         RG6 I6 RG7          I7 [W6 W7]       O
+  //   run:   F7 [W0..W5: part]   RG6 I6 RG7 (W0..W5) I7 [W6 W7, rest] O
   //
   // `next` is the position after the group: the receive whose arrival pauses it.
   void weight_gradients(int c, const std::vector<int64_t>& mbs, size_t next) {
@@ -209,8 +214,31 @@ class Executor {
     if (s_.chunks.at(static_cast<size_t>(c))->backward_weight_group(mbs, arrived)) ++result_.weight_pauses;
   }
 
-  void finish_paused_weight_gradients() {
+  void finish_weight_gradients() {
     for (auto* chunk : s_.chunks) chunk->finish_weight_groups();
+  }
+
+  bool fill_weight_gradients() {
+    for (auto* chunk : s_.chunks) {
+      if (chunk->fill_weight_gradients()) return true;
+    }
+    return false;
+  }
+
+  // The filling shows in the timeline as weight-gradient work of no micro-batch in particular
+  // (schedule::estimate_costs spreads it over the step's W actions), and the receive starts
+  // where it ended, so neither the bubble nor the transfer latency counts it as waiting.
+  void fill_wait(comm::RecvHandle& recv) {
+    const double begin = s_.clock();
+    bool filled = false;
+    while (!recv.ready() && fill_weight_gradients()) {
+      filled = true;
+      std::this_thread::yield();
+    }
+    if (!filled) return;
+    filled_until_ = s_.clock();
+    result_.events.push_back({s_.stage, Op::backward_weight, -1, 0, begin, filled_until_});
+    result_.seconds[static_cast<size_t>(Op::backward_weight)] += filled_until_ - begin;
   }
 
   void forward(const Action& a) {
@@ -370,6 +398,7 @@ class Executor {
   std::map<std::tuple<Op, int, int>, Batch> local_;
   SkipTraffic skips_;
   bool prepared_ = false;
+  double filled_until_ = -1;  // where the current receive's wait began after filling it (-1: no filling)
   StageStepResult result_;
 };
 

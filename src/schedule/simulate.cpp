@@ -52,7 +52,9 @@ CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, 
   for (const TimedEvent& e : events) {
     if (!is_compute(e.op) || e.stage < 0 || e.stage >= num_stages) continue;
     sum[static_cast<int>(e.op)][e.stage] += e.end - e.start;
-    ++count[static_cast<int>(e.op)][e.stage];
+    // Work of no micro-batch in particular (a wait filled with weight gradients) adds to the
+    // time of its kind without being an action of its own.
+    if (e.micro_batch >= 0) ++count[static_cast<int>(e.op)][e.stage];
   }
   auto mean = [&](Op op, int j) {
     const int n = count[static_cast<int>(op)][j];

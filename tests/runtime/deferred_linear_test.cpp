@@ -97,6 +97,40 @@ TEST_P(DeferredLinearTest, TracksWeightUpdates) {
   expect_close(d.forward(x, 0), fast(x), "output after update");
 }
 
+// A gradient already in .grad is added to; one the caller kept from the last step is not
+// written over by the next (the accumulator reuses its buffer only when nobody holds it).
+TEST_P(DeferredLinearTest, AddsToAnExistingGradientAndLeavesAKeptOneAlone) {
+  torch::manual_seed(3);
+  torch::nn::Linear ref(40, 70), fast(40, 70);
+  {
+    torch::NoGradGuard g;
+    fast->weight.copy_(ref->weight);
+    fast->bias.copy_(ref->bias);
+  }
+  DeferredLinear d(fast, GetParam());
+  auto step = [&](const torch::Tensor& x) {
+    ref(x).pow(2).sum().backward();
+    d.forward(x.clone().requires_grad_(), 0).pow(2).sum().backward();
+    d.backward_weight({0});
+  };
+  const auto x1 = torch::randn({9, 40});
+  step(x1);
+  step(torch::randn({5, 40}));  // accumulates: .grad holds both steps
+  expect_close(fast->weight.grad(), ref->weight.grad(), "accumulated weight");
+  expect_close(fast->bias.grad(), ref->bias.grad(), "accumulated bias");
+  const auto kept = fast->weight.grad();
+  const auto kept_copy = kept.clone();
+
+  fast->weight.mutable_grad() = torch::Tensor();  // a new step, as the engine starts one
+  fast->bias.mutable_grad() = torch::Tensor();
+  ref->zero_grad();
+  const auto x3 = torch::randn({4, 40});
+  step(x3);
+  expect_close(fast->weight.grad(), ref->weight.grad(), "fresh weight");
+  EXPECT_FALSE(kept.is_same(fast->weight.grad()));
+  EXPECT_TRUE(torch::equal(kept, kept_copy)) << "a gradient the caller kept was overwritten";
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, DeferredLinearTest,
                          ::testing::Values(GemmKernel::Blas, GemmKernel::OneDnn, GemmKernel::Native),
                          [](const auto& info) { return to_string(info.param); });
@@ -108,6 +142,28 @@ TEST(Gemm, KernelsAgree) {
   expect_close(gemm(a.t().contiguous().t(), b, GemmKernel::OneDnn), torch::mm(a, b), "strided A");
   const auto d = torch::randn({4, 4}, torch::kDouble);
   EXPECT_TRUE(torch::equal(gemm(d, d, GemmKernel::OneDnn), torch::mm(d, d)));
+}
+
+// The native weight-gradient accumulator against torch: partial panels (40 = 32 + 8 columns),
+// a partial last tile (300 rows), rows split across calls, continuing from existing values.
+TEST(Gemm, NativeWeightGradientAccumulatesInPieces) {
+  if (!native_gemm_available()) GTEST_SKIP() << "this CPU lacks AVX-512F";
+  torch::manual_seed(4);
+  const auto dy1 = torch::randn({7, 300}), x1 = torch::randn({7, 40});
+  const auto dy2 = torch::randn({33, 300}), x2 = torch::randn({33, 40});
+  const auto start_w = torch::randn({300, 40}), start_b = torch::randn({300});
+  const WeightGradOperands a(dy1, x1), b(dy2, x2);
+  auto dw = start_w.clone();
+  auto db = start_b.clone();
+  // Rows [0, 100) take both parts at once; [100, 300) one part per call.
+  native_weight_grad(dw.data_ptr<float>(), db.data_ptr<float>(), 0, 100, {&a, &b}, false);
+  native_weight_grad(dw.data_ptr<float>(), db.data_ptr<float>(), 100, 300, {&a}, false);
+  native_weight_grad(dw.data_ptr<float>(), db.data_ptr<float>(), 100, 300, {&b}, false);
+  expect_close(dw, start_w + torch::mm(dy1.t(), x1) + torch::mm(dy2.t(), x2), "weight");
+  expect_close(db, start_b + dy1.sum(0) + dy2.sum(0), "bias");
+  auto fresh = torch::full({300, 40}, 7.0f);
+  native_weight_grad(fresh.data_ptr<float>(), nullptr, 0, 300, {&b}, true);
+  expect_close(fresh, torch::mm(dy2.t(), x2), "fresh");
 }
 
 TEST(Gemm, ParsesKernelNames) {

@@ -133,6 +133,18 @@ TEST(EstimateCosts, RecoversTheCostsOfASimulatedRun) {
       EXPECT_NEAR(estimated.backward_weight[j], truth.backward_weight[j], 1e-12);
     }
   }
+  // Weight-gradient work done while filling a wait (micro-batch -1) counts toward W's time,
+  // not as another W: cutting a part off every W gives the same costs.
+  auto cut = simulate(make(ScheduleKind::zb_h1, 3, 6), truth).events();
+  for (size_t i = 0, n = cut.size(); i < n; ++i) {
+    if (cut[i].op != Op::backward_weight) continue;
+    TimedEvent fill = cut[i];
+    fill.micro_batch = -1;
+    fill.start = cut[i].end - 0.2;
+    cut[i].end = fill.start;
+    cut.push_back(fill);
+  }
+  EXPECT_NEAR(estimate_costs(cut, 3, 1, 0.25).backward_weight[1], truth.backward_weight[1], 1e-12);
   // Full backwards are booked as input-gradient cost; re-simulating gives the same run.
   const Schedule ones = make(ScheduleKind::one_f_one_b, 3, 6);
   const CostModel full = estimate_costs(simulate(ones, truth).events(), 3, 1, 0.25);

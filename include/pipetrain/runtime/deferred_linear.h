@@ -8,12 +8,22 @@
 // This is the split a zero-bubble schedule needs (Qi et al., 2024), and it is also faster for
 // every schedule: one 256-row product instead of eight 32-row ones, and no per-micro-batch
 // read-modify-write of a weight-sized gradient.
+//
+// On the native kernel the weight gradient is one accumulator that micro-batches enter in the
+// order their input gradients ran, in row blocks that can each stop and resume anywhere
+// (native_weight_grad): backward_weight() brings every block up to the micro-batches asked
+// for, and accumulate_some() moves one block forward, which a stage does while it waits for a
+// message. However the work is cut, every gradient element is the same chain of float
+// operations, so the result does not depend on the timing. On the other kernels (and for
+// inputs the native kernel does not take) backward_weight(mbs) is one product per call, as asked.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <set>
 #include <vector>
 
 #include "pipetrain/runtime/gemm.h"
@@ -29,14 +39,21 @@ class DeferredLinear {
   // an output whose backward computes dx only and keeps dy under `mb`.
   torch::Tensor forward(const torch::Tensor& x, int64_t mb);
 
-  // Adds the weight (and bias) gradients of micro-batches `mbs` to the parameters' .grad, in
-  // one product; each of them must have run forward and backward. Forgets them afterwards.
+  // Adds the weight (and bias) gradients of micro-batches `mbs` to the parameters' .grad; each
+  // of them must have run forward and backward. Forgets them afterwards.
   void backward_weight(const std::vector<int64_t>& mbs);
+  // One row block of the native accumulator takes in the next micro-batches whose backward
+  // ran, `max_micro_batches` of them at most (0: all); false when there is nothing to do.
+  // Bounded work (a block is 1/8 of a 1024-feature layer), for filling a wait.
+  bool accumulate_some(size_t max_micro_batches = 0);
+  // Every micro-batch whose backward ran is in the gradient (native accumulator and groups).
+  void accumulate_all();
+  // Whether accumulate_some() has work.
+  bool has_queued_weight_work() const;
 
   // Micro-batches whose backward ran but whose weight gradient is still pending.
   std::vector<int64_t> pending() const;
-  // Drops everything kept (after a failed step, or before recomputing a micro-batch).
-  void forget(int64_t mb);
+  // Drops everything kept (after a failed step).
   void clear();
 
   // The weights were modified in place without a version bump (LibTorch's optimizers write
@@ -54,6 +71,13 @@ class DeferredLinear {
   const torch::Tensor& weight_transposed();  // W^T, contiguous, refreshed when W changes
   const PackedWeight& packed_weight();       // W for dx = dy W, refreshed when W changes
   bool native_eligible(const torch::Tensor& x) const;
+  // Backward kept dy of `mb`: it joins the native accumulator's order when the kernel takes it.
+  void input_gradient_done(int64_t mb, const torch::Tensor& dy);
+  void group_product(const std::vector<int64_t>& mbs);  // the one-product path
+  void accumulate_block(size_t block, size_t upto);     // block takes in order_[done_[block]..upto)
+  void adopt_gradients();                               // the accumulators are the parameters' .grad
+  void drop_completed();                                // forgets what every block has taken in
+  void forget(int64_t mb);
 
   torch::nn::Linear layer_;
   GemmKernel kernel_;
@@ -63,9 +87,16 @@ class DeferredLinear {
   int64_t weight_t_version_ = -1;
   const void* weight_t_data_ = nullptr;
   PackedWeight packed_;
-  PackedWeight packed_inputs_;  // the fused x of backward_weight, buffer kept across steps
   int64_t packed_version_ = -1;
   const void* packed_data_ = nullptr;
+
+  // The native accumulator.
+  std::vector<int64_t> order_;                // micro-batches in the order their backward ran
+  std::vector<size_t> done_;                  // per row block: how many of order_ it took in
+  std::vector<bool> started_;                 // per row block: holds this step's sum (else fresh)
+  std::map<int64_t, std::unique_ptr<WeightGradOperands>> operands_;  // packed once, when first used
+  std::set<int64_t> completed_;               // taken in by every block (so asking again is a no-op)
+  torch::Tensor dw_, db_;                     // handed to the parameters as their .grad
 };
 
 }  // namespace pipetrain::runtime

@@ -46,14 +46,15 @@ class StageModel {
   // Weight gradients of the fast-path Linear layers for these micro-batches, fused. The other
   // layers' parameter gradients are computed by autograd in backward, as usual.
   void backward_weight(const std::vector<int64_t>& mbs);
-  // A group of weight gradients that may pause between two layers when `pause()` says the
-  // stage has more urgent work; returns true when it paused. The paused layers run in the next
-  // group, each just before that group's product for the same layer, or in
-  // finish_weight_groups(): every layer accumulates the same products in the same order as
-  // without the pause, so the result is bit for bit the same whatever the timing. With a
-  // paused group pending, the next group does not pause.
+  // A group of weight gradients that may pause when `pause()` says the stage has more urgent
+  // work; returns true when it paused. Only the native accumulator pauses (its pieces give the
+  // same bits whenever they run, DeferredLinear): what is left stays queued, for
+  // fill_weight_gradients() or finish_weight_groups(). Other products run in full, as grouped.
   bool backward_weight_group(const std::vector<int64_t>& mbs, const std::function<bool()>& pause);
-  // Runs what a paused group left (before the optimizer step).
+  // One bounded piece of queued weight-gradient work (a stage waiting for a message calls it
+  // until the message is there); false when nothing is queued.
+  bool fill_weight_gradients();
+  // Every weight gradient whose backward ran is in .grad (before the optimizer step).
   void finish_weight_groups();
   bool has_deferred_weights() const { return !deferred_.empty(); }
 
@@ -79,8 +80,6 @@ class StageModel {
   // Per local layer: its fast path, or null.
   std::vector<std::unique_ptr<DeferredLinear>> fast_;
   std::vector<DeferredLinear*> deferred_;
-  int64_t paused_from_ = 0;             // the first layer a paused group has not done
-  std::vector<int64_t> paused_mbs_;     // its micro-batches (empty: nothing paused)
 };
 
 }  // namespace pipetrain::runtime
