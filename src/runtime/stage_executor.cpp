@@ -233,6 +233,7 @@ class Executor {
     bool filled = false;
     while (!recv.ready() && fill_weight_gradients()) {
       filled = true;
+      // Lets this process's communication threads, which receive the message, have the core.
       std::this_thread::yield();
     }
     if (!filled) return;

@@ -8,8 +8,9 @@
 //                                against the small x^T packed per call (cheap: M x in floats)
 //   input grad   dx = dy W       against W packed once per weight version into 32-column
 //                                panels (PackedWeight), reused by every micro-batch of a step
-//   weight grad  dW += dy^T x    dy and x read in place, micro-batch after micro-batch, into
-//                                an accumulator that can stop and resume anywhere (below)
+//   weight grad  dW += dy^T x    dy read in place, x packed once per micro-batch, micro-batch
+//                                after micro-batch into an accumulator that can stop and
+//                                resume anywhere (below)
 // They use AVX-512 (chosen at run time); elsewhere native_gemm_available() is false and the
 // engine takes oneDNN or BLAS instead.
 #pragma once

@@ -49,9 +49,8 @@ struct SimulationResult {
 // compute op per stage, times the chunk count (costs are per whole stage); a stage that ran full
 // backwards gets backward_input = their mean and backward_weight = 0. Events of no micro-batch
 // (-1: weight gradients run while a stage waited) add to their op's time but not to its count.
-// Receive times mix
-// transfer and waiting, so `transfer` is given (estimate_transfer measures it). Throws
-// ConfigError for a stage without forwards.
+// Receive times mix transfer and waiting, so `transfer` is given (estimate_transfer measures
+// it). Throws ConfigError for a stage without forwards.
 CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, int num_chunks,
                          double transfer = 0);
 
