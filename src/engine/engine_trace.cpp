@@ -8,16 +8,16 @@
 
 namespace pipetrain {
 
-std::vector<schedule::TimedEvent> PipelineEngine::gather_events() {
+std::vector<schedule::TimedEvent> PipelineEngine::gather_events(const std::vector<schedule::TimedEvent>& local) {
   auto& group = *groups_.pipeline;
-  const double longest = group.all_reduce_scalar(static_cast<double>(last_events_.size()), comm::ReduceOp::Max,
+  const double longest = group.all_reduce_scalar(static_cast<double>(local.size()), comm::ReduceOp::Max,
                                                  "trace event count");
   const auto n = static_cast<int64_t>(longest);
   constexpr int64_t kFields = 5;  // op + 1 (0 = empty), micro-batch, chunk, start, end
   auto table = torch::zeros({num_stages(), std::max<int64_t>(n, 1), kFields}, torch::kDouble);
   auto rows = table.accessor<double, 3>();
-  for (size_t i = 0; i < last_events_.size(); ++i) {
-    const auto& e = last_events_[i];
+  for (size_t i = 0; i < local.size(); ++i) {
+    const auto& e = local[i];
     rows[stage()][static_cast<int64_t>(i)][0] = static_cast<double>(e.op) + 1;
     rows[stage()][static_cast<int64_t>(i)][1] = e.micro_batch;
     rows[stage()][static_cast<int64_t>(i)][2] = e.chunk;
@@ -49,8 +49,8 @@ std::vector<schedule::TimedEvent> PipelineEngine::gather_events() {
   return events;
 }
 
-BubbleReport PipelineEngine::measure_bubble() {
-  auto events = gather_events();
+BubbleReport PipelineEngine::measure_bubble(const std::vector<schedule::TimedEvent>& local) {
+  auto events = gather_events(local);
   // The step actions (reductions, optimizer) are outside the schedule's timeline in the
   // simulator too: compare the pipelined part only.
   std::vector<schedule::TimedEvent> body;
@@ -63,7 +63,11 @@ BubbleReport PipelineEngine::measure_bubble() {
   report.measured = measured.overall;
   report.makespan_s = measured.makespan;
   report.transfer_s = schedule::estimate_transfer(train_schedule_, body);
-  const auto costs = schedule::estimate_costs(body, num_stages(), num_chunks(), report.transfer_s);
+  auto costs = schedule::estimate_costs(body, num_stages(), num_chunks(), report.transfer_s);
+  // The executor fills waits with queued weight work where a stage accumulates natively: the
+  // simulation must run the same policy to predict this run.
+  const bool native = std::any_of(chunks_.begin(), chunks_.end(), [](const auto& c) { return c->accumulates_natively(); });
+  costs.fill_waits = groups_.pipeline->all_reduce_scalar(native ? 1.0 : 0.0, comm::ReduceOp::Max, "native weight work") > 0;
   report.simulated = schedule::simulate(train_schedule_, costs).bubble_overall;
   return report;
 }

@@ -167,6 +167,29 @@ bool DeferredLinear::accumulate_some(size_t max_micro_batches) {
   return true;
 }
 
+size_t DeferredLinear::order_end_of(const std::vector<int64_t>& mbs) const {
+  size_t upto = 0;
+  for (int64_t mb : mbs) {
+    const auto at = std::find(order_.begin(), order_.end(), mb);
+    if (at != order_.end()) upto = std::max(upto, static_cast<size_t>(at - order_.begin()) + 1);
+  }
+  return upto;
+}
+
+bool DeferredLinear::has_queued_weight_work_of(const std::vector<int64_t>& mbs) const {
+  const size_t upto = order_end_of(mbs);
+  return std::any_of(done_.begin(), done_.end(), [upto](size_t d) { return d < upto; });
+}
+
+bool DeferredLinear::accumulate_some_of(const std::vector<int64_t>& mbs) {
+  const size_t upto = order_end_of(mbs);
+  const auto behind = std::min_element(done_.begin(), done_.end());
+  if (behind == done_.end() || *behind >= upto) return false;
+  accumulate_block(static_cast<size_t>(behind - done_.begin()), upto);
+  drop_completed();
+  return true;
+}
+
 void DeferredLinear::accumulate_all() {
   backward_weight(std::vector<int64_t>(order_));
   std::vector<int64_t> rest;

@@ -75,11 +75,13 @@ bool StageModel::backward_weight_group(const std::vector<int64_t>& mbs, const st
   for (auto* d : deferred_) {
     if (!d->has_queued_weight_work()) d->backward_weight(mbs);
   }
+  // The accumulator's queue up to the group's micro-batches, a row block at a time; work
+  // queued after them is left to the next wait (filling it) or to a later group.
   for (auto* d : deferred_) {
     if (!d->has_queued_weight_work()) continue;
-    while (d->has_queued_weight_work()) {
+    while (d->has_queued_weight_work_of(mbs)) {
       if (pause && pause()) return true;  // the rest stays queued, for waits or the step's end
-      d->accumulate_some();
+      d->accumulate_some_of(mbs);
     }
     d->backward_weight(mbs);
   }
@@ -93,6 +95,10 @@ bool StageModel::fill_weight_gradients() {
     if (d->accumulate_some(2)) return true;
   }
   return false;
+}
+
+bool StageModel::accumulates_natively() const {
+  return std::any_of(deferred_.begin(), deferred_.end(), [](const DeferredLinear* d) { return d->accumulates_natively(); });
 }
 
 void StageModel::finish_weight_groups() {

@@ -9,12 +9,19 @@
 namespace pipetrain::schedule::detail {
 
 struct ReplayCosts {
-  std::vector<std::array<double, kNumOps>> op;  // per stage, per op: duration
+  std::vector<std::array<double, kNumOps>> op;  // per stage, per op: duration (sends: posting)
   std::vector<double> transfer;                 // per stage: cost of a transfer it sends
+  bool fill_waits = false;                      // CostModel::fill_waits
+};
+
+// Weight-gradient work run outside its own action (CostModel::fill_waits).
+struct ReplayFill {
+  double start = 0, end = 0;
 };
 
 struct ReplayResult {
   std::vector<std::vector<double>> start, end;  // per stage, per position
+  std::vector<std::vector<ReplayFill>> fills;   // per stage, in time order (with record_times)
   std::vector<int> stopped_at;                  // per stage: first position not run
   bool finished = true;                         // false: some stage is blocked forever
 };

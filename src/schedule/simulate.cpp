@@ -41,6 +41,7 @@ std::vector<TimedEvent> SimulationResult::events() const {
     for (const TimedAction& t : row)
       out.push_back(
           {t.action.stage, t.action.op, t.action.micro_batch, t.action.chunk, t.start, t.end});
+  for (const auto& row : fills) out.insert(out.end(), row.begin(), row.end());
   return out;
 }
 
@@ -49,8 +50,15 @@ CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, 
   CostModel costs = CostModel::uniform(num_stages, 0, 0, 0, transfer);
   std::vector<std::vector<double>> sum(kNumOps, std::vector<double>(num_stages, 0.0));
   std::vector<std::vector<int>> count(kNumOps, std::vector<int>(num_stages, 0));
+  costs.send.assign(static_cast<size_t>(std::max(num_stages, 0)), 0.0);
+  std::vector<int> sends(costs.send.size(), 0);
   for (const TimedEvent& e : events) {
-    if (!is_compute(e.op) || e.stage < 0 || e.stage >= num_stages) continue;
+    if (e.stage < 0 || e.stage >= num_stages) continue;
+    if (is_send(e.op)) {
+      costs.send[e.stage] += e.end - e.start;
+      ++sends[e.stage];
+    }
+    if (!is_compute(e.op)) continue;
     sum[static_cast<int>(e.op)][e.stage] += e.end - e.start;
     // Work of no micro-batch in particular (a wait filled with weight gradients) adds to the
     // time of its kind without being an action of its own.
@@ -61,6 +69,7 @@ CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, 
     return n == 0 ? 0.0 : sum[static_cast<int>(op)][j] / n * num_chunks;
   };
   for (int j = 0; j < num_stages; ++j) {
+    if (sends[j] > 0) costs.send[j] /= sends[j];
     if (count[static_cast<int>(Op::forward)][j] == 0)
       throw ConfigError(
           fmt::format("estimate_costs: stage {} has no forward events; record "
@@ -112,11 +121,13 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
   check_costs("backward_input", costs.backward_input, P);
   check_costs("backward_weight", costs.backward_weight, P);
   check_costs("transfer", costs.transfer, P);
+  if (!costs.send.empty()) check_costs("send", costs.send, P);
   validate(schedule);
 
   const double V = schedule.num_chunks();
   detail::ReplayCosts replay_costs;
   replay_costs.transfer = costs.transfer;
+  replay_costs.fill_waits = costs.fill_waits;
   replay_costs.op.resize(P);
   for (int j = 0; j < P; ++j) {
     auto& op = replay_costs.op[j];
@@ -125,6 +136,10 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
     op[static_cast<int>(Op::backward_input)] = costs.backward_input[j] / V;
     op[static_cast<int>(Op::backward_weight)] = costs.backward_weight[j] / V;
     op[static_cast<int>(Op::backward)] = (costs.backward_input[j] + costs.backward_weight[j]) / V;
+    if (!costs.send.empty()) {
+      op[static_cast<int>(Op::send_activation)] = costs.send[j];
+      op[static_cast<int>(Op::send_grad)] = costs.send[j];
+    }
   }
   const detail::ReplayResult replayed = detail::replay(schedule, replay_costs);
 
@@ -140,11 +155,17 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
   // from events; this avoids copying a large timeline once more).
   result.busy.assign(P, 0.0);
   result.bubble.assign(P, 0.0);
+  result.fills.resize(P);
   double total = 0;
   for (int j = 0; j < P; ++j) {
     for (const TimedAction& t : result.timeline[j]) {
       result.makespan = std::max(result.makespan, t.end);
       if (is_compute(t.action.op)) result.busy[j] += t.end - t.start;
+    }
+    for (const detail::ReplayFill& f : replayed.fills[j]) {
+      result.fills[j].push_back({j, Op::backward_weight, -1, 0, f.start, f.end});
+      result.makespan = std::max(result.makespan, f.end);
+      result.busy[j] += f.end - f.start;
     }
     total += result.busy[j];
   }

@@ -221,6 +221,8 @@ TEST(EngineApi, TimelineAndBubbleOfAStep) {
   auto config = small_config(8);
   config.pipeline.schedule = "1f1b";
   auto errors = on_ranks(2, config, [] { return mlp(64, 256, 64, 4); }, [](PipelineEngine& engine, int) {
+    std::vector<schedule::TimedEvent> first_local, first_gathered;
+    BubbleReport first_report;
     for (int s = 0; s < 2; ++s) {
       auto i = std::make_shared<int>(0);
       FunctionIterator it([=]() -> std::optional<MicroBatch> {
@@ -228,8 +230,27 @@ TEST(EngineApi, TimelineAndBubbleOfAStep) {
         return mlp_batch(s, 0, (*i)++, 32, 64, 64);
       });
       engine.train_batch(it);
+      if (s == 0) {
+        first_local = engine.last_events();
+        first_gathered = engine.gather_events();
+        first_report = engine.measure_bubble();
+      }
     }
+    // A kept step measured later gives what it gave right after it ran.
+    const auto again = engine.gather_events(first_local);
+    ASSERT_EQ(again.size(), first_gathered.size());
+    for (size_t k = 0; k < again.size(); ++k) {
+      EXPECT_EQ(again[k].stage, first_gathered[k].stage);
+      EXPECT_EQ(again[k].op, first_gathered[k].op);
+      EXPECT_EQ(again[k].micro_batch, first_gathered[k].micro_batch);
+      EXPECT_EQ(again[k].start, first_gathered[k].start);
+      EXPECT_EQ(again[k].end, first_gathered[k].end);
+    }
+    const auto first_again = engine.measure_bubble(first_local);
+    EXPECT_EQ(first_again.measured, first_report.measured);
+    EXPECT_EQ(first_again.simulated, first_report.simulated);
     const auto events = engine.gather_events();
+    EXPECT_NE(events.back().end, first_gathered.back().end) << "the last step is not the kept one";
     size_t expected = 0;
     for (const auto& stage : engine.train_schedule().stages) expected += stage.size();
     // One event per action, plus any waits filled with weight gradients (no micro-batch).

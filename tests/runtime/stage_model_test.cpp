@@ -99,6 +99,24 @@ TEST_F(NativeStageModel, AGroupThatFindsItsMessageWaitingDoesNothingYet) {
   for (const auto& p : chunk.parameters()) EXPECT_TRUE(p.grad().defined());
 }
 
+TEST_F(NativeStageModel, AGroupStopsAtItsOwnMicroBatches) {
+  auto whole = make_chunk(GemmKernel::Native);
+  run_micro_batches(whole);
+  whole.backward_weight({0, 1, 2, 3});
+  const auto expected = grads(whole);
+
+  // All four input gradients ran; a group for micro-batch 1 takes in 0 and 1 (the order they
+  // ran), and leaves 2 and 3 for the waits that follow.
+  auto chunk = make_chunk(GemmKernel::Native);
+  run_micro_batches(chunk);
+  EXPECT_FALSE(chunk.backward_weight_group({1}, [] { return false; }));
+  int pieces = 0;
+  while (chunk.fill_weight_gradients()) ++pieces;
+  // Three layers of 3, 3 and 1 row blocks, two micro-batches a piece: one piece each.
+  EXPECT_EQ(pieces, 7) << "the group ran beyond its micro-batches or left some of them";
+  expect_same(grads(chunk), expected);
+}
+
 TEST(StageModel, OtherKernelsRunGroupsInFull) {
   auto grouped = make_chunk(GemmKernel::Blas);
   run_micro_batches(grouped);

@@ -125,9 +125,13 @@ class PipelineEngine {
   const std::vector<schedule::TimedEvent>& last_events() const { return last_events_; }
   // Collective over this replica's pipeline: every stage's events of the last step, rows =
   // stages, times from the step's start.
-  std::vector<schedule::TimedEvent> gather_events();
-  // Collective: measured vs simulated bubble of the last step.
-  BubbleReport measure_bubble();
+  std::vector<schedule::TimedEvent> gather_events() { return gather_events(last_events_); }
+  // The same for one step's events kept from last_events() (every stage passes its own events
+  // of that same step), so a caller can time many steps and measure them all afterwards.
+  std::vector<schedule::TimedEvent> gather_events(const std::vector<schedule::TimedEvent>& local);
+  // Collective: measured vs simulated bubble of the last step, or of one kept step.
+  BubbleReport measure_bubble() { return measure_bubble(last_events_); }
+  BubbleReport measure_bubble(const std::vector<schedule::TimedEvent>& local);
 
  private:
   std::vector<MicroBatch> pull(DataIterator& data, const char* what, int count);

@@ -46,10 +46,19 @@ class DeferredLinear {
   // ran, `max_micro_batches` of them at most (0: all); false when there is nothing to do.
   // Bounded work (a block is 1/8 of a 1024-feature layer), for filling a wait.
   bool accumulate_some(size_t max_micro_batches = 0);
+  // The same for a group: one row block takes in the queued micro-batches up to the last of
+  // `mbs` in the order (not beyond, where a later wait can take them); false when every block
+  // is there already.
+  bool accumulate_some_of(const std::vector<int64_t>& mbs);
+  bool has_queued_weight_work_of(const std::vector<int64_t>& mbs) const;
   // Every micro-batch whose backward ran is in the gradient (native accumulator and groups).
   void accumulate_all();
   // Whether accumulate_some() has work.
   bool has_queued_weight_work() const;
+
+  // Whether float32 inputs take the native accumulator (so weight work queues and can fill
+  // waits, StageModel::fill_weight_gradients); inputs of other dtypes still take the products.
+  bool accumulates_natively() const { return native_eligible(layer_->weight); }
 
   // Micro-batches whose backward ran but whose weight gradient is still pending.
   std::vector<int64_t> pending() const;
@@ -71,6 +80,7 @@ class DeferredLinear {
   const torch::Tensor& weight_transposed();  // W^T, contiguous, refreshed when W changes
   const PackedWeight& packed_weight();       // W for dx = dy W, refreshed when W changes
   bool native_eligible(const torch::Tensor& x) const;
+  size_t order_end_of(const std::vector<int64_t>& mbs) const;  // position after the last of mbs in order_
   // Backward kept dy of `mb`: it joins the native accumulator's order when the kernel takes it.
   void input_gradient_done(int64_t mb, const torch::Tensor& dy);
   void group_product(const std::vector<int64_t>& mbs);  // the one-product path

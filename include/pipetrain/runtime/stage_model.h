@@ -48,8 +48,9 @@ class StageModel {
   void backward_weight(const std::vector<int64_t>& mbs);
   // A group of weight gradients that may pause when `pause()` says the stage has more urgent
   // work; returns true when it paused. Only the native accumulator pauses (its pieces give the
-  // same bits whenever they run, DeferredLinear): what is left stays queued, for
-  // fill_weight_gradients() or finish_weight_groups(). Other products run in full, as grouped.
+  // same bits whenever they run, DeferredLinear), and it runs only up to the group's
+  // micro-batches: what is left stays queued, for fill_weight_gradients(), later groups or
+  // finish_weight_groups(). Other products run in full, as grouped.
   bool backward_weight_group(const std::vector<int64_t>& mbs, const std::function<bool()>& pause);
   // One bounded piece of queued weight-gradient work (a stage waiting for a message calls it
   // until the message is there); false when nothing is queued.
@@ -57,6 +58,8 @@ class StageModel {
   // Every weight gradient whose backward ran is in .grad (before the optimizer step).
   void finish_weight_groups();
   bool has_deferred_weights() const { return !deferred_.empty(); }
+  // Some layer queues its weight work in the native accumulator (DeferredLinear).
+  bool accumulates_natively() const;
 
   // The weights changed in place (optimizer step, checkpoint load): refresh cached copies.
   void weights_changed();

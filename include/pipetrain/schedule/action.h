@@ -4,7 +4,8 @@
 // executor implements exactly these):
 //   - the actions of one stage run one at a time, in list order;
 //   - a send never blocks its sender: the tensor is handed to the channel (buffered) and the
-//     sender goes on with its next action at once;
+//     sender goes on with its next action once it is posted (the simulator can charge the
+//     posting, CostModel::send);
 //   - a receive blocks until the matching send has been issued and the transfer is done;
 //   - a send to the same stage (a local hand-over between two model chunks, e.g. ZB-V's turn
 //     on the last stage) moves the tensor without any channel and costs nothing.

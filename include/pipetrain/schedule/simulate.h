@@ -4,7 +4,9 @@
 // per stage each chunk's forward costs forward[j] / V (and so on), so kinds with different
 // chunk counts compare on the same model. A full backward costs backward_input + backward_weight.
 // A transfer costs transfer[j] for a message sent by stage j (0 for a hand-over to the same
-// stage); loads and the step actions cost nothing. Timing follows action.h's semantics.
+// stage), counted from the end of its send; posting any send keeps the sender for send[j]
+// (empty: nothing), time that is neither compute nor waiting for a peer; loads and the step
+// actions cost nothing. Timing follows action.h's semantics.
 #pragma once
 
 #include <vector>
@@ -19,6 +21,14 @@ struct CostModel {
   std::vector<double> backward_input;   // B per stage (input-gradient part)
   std::vector<double> backward_weight;  // W per stage (weight-gradient part)
   std::vector<double> transfer;         // C per sending stage
+  std::vector<double> send;             // per stage: posting one send (empty: 0 everywhere)
+  // The engine's executor with the native weight-gradient accumulator: each backward_input
+  // queues its micro-batch's W work; a stage waiting for a message from another stage runs
+  // queued work meanwhile; a group of consecutive W actions of one chunk runs that chunk's
+  // queue up to the group's micro-batches but stops when the gradient it precedes has arrived;
+  // the step actions run what is left first. Off: every W action costs backward_weight / V
+  // where the list puts it.
+  bool fill_waits = false;
 
   // The same costs on every stage.
   static CostModel uniform(int num_stages, double forward, double backward_input,
@@ -28,7 +38,7 @@ struct CostModel {
 struct TimedAction {
   Action action;
   double start = 0;
-  double end = 0;  // a receive ends when its message is there; a send ends when it starts
+  double end = 0;  // a receive ends when its message is there; a send when it is posted
 };
 
 struct SimulationResult {
@@ -39,8 +49,11 @@ struct SimulationResult {
   std::vector<int> peak_live_activations;          // per stage, counted per (chunk, micro-batch)
   std::vector<double> peak_activation_memory;      // the same in whole-stage units (count / V)
   std::vector<std::vector<TimedAction>> timeline;  // per stage, in list order
+  // Per stage (fill_waits): queued weight work run outside its own actions, as W events of
+  // micro-batch -1 like the engine records them; counted in busy.
+  std::vector<std::vector<TimedEvent>> fills;
 
-  // Every action as a TimedEvent (for the renderers and bubble_stats).
+  // Every action (and fill) as a TimedEvent (for the renderers and bubble_stats).
   std::vector<TimedEvent> events() const;
 };
 
@@ -49,6 +62,7 @@ struct SimulationResult {
 // compute op per stage, times the chunk count (costs are per whole stage); a stage that ran full
 // backwards gets backward_input = their mean and backward_weight = 0. Events of no micro-batch
 // (-1: weight gradients run while a stage waited) add to their op's time but not to its count.
+// `send` is the mean duration of the stage's send events (0 without any).
 // Receive times mix transfer and waiting, so `transfer` is given (estimate_transfer measures
 // it). Throws ConfigError for a stage without forwards.
 CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, int num_chunks,
