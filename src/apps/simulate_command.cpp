@@ -8,6 +8,7 @@
 
 #include "apps/schedule_commands.h"
 #include "pipetrain/error.h"
+#include "pipetrain/schedule/defer_weights.h"
 #include "pipetrain/schedule/simulate.h"
 #include "pipetrain/schedule/svg.h"
 #include "pipetrain/schedule/trace.h"
@@ -18,12 +19,13 @@ namespace {
 const char* const kSimulateUsage =
     "usage: pipetrain simulate --kind fill-drain|1f1b|inference|interleaved|zb-h1|zb-v "
     "--stages P --micro-batches M [--chunks V] [--stage S] [--format text|json] "
-    "[--cost-forward F] [--cost-backward B] [--cost-weight W] [--cost-comm C] [--svg FILE] "
-    "[--trace FILE]";
+    "[--cost-forward F] [--cost-backward B] [--cost-weight W] [--cost-comm C] [--cost-send S] "
+    "[--defer-weights] [--fill-waits] [--svg FILE] [--trace FILE]";
 
 struct SimulateArgs {
   ScheduleArgs schedule;
-  std::string forward = "1", backward = "1", weight = "1", comm = "0", svg, trace;
+  std::string forward = "1", backward = "1", weight = "1", comm = "0", send = "0", svg, trace;
+  bool defer_weights = false, fill_waits = false;
 };
 
 void write_file(const std::string& option, const std::string& path, const std::string& text) {
@@ -38,7 +40,7 @@ void write_file(const std::string& option, const std::string& path, const std::s
 }
 
 void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r,
-                const double costs[4], std::optional<int> only) {
+                const double costs[5], bool fill_waits, std::optional<int> only) {
   std::cout << fmt::format("{}: {} stages, {} micro-batches, {} chunk(s) per stage\n",
                            schedule::kind_name(s.kind), s.num_stages(), s.num_micro_batches,
                            s.num_chunks());
@@ -49,6 +51,8 @@ void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r
       s.num_chunks() > 1
           ? fmt::format("; each of the {} chunks costs 1/{}", s.num_chunks(), s.num_chunks())
           : "");
+  if (costs[4] > 0) std::cout << fmt::format("posting a send: {:g}\n", costs[4]);
+  if (fill_waits) std::cout << "waits filled with queued weight-gradient work (the engine's executor)\n";
   std::cout << fmt::format("makespan: {:g}\n", r.makespan);
   std::cout << "stage  busy        bubble   peak live activations  buffers\n";
   for (int j = 0; j < s.num_stages(); ++j) {
@@ -60,7 +64,7 @@ void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r
 }
 
 void print_json(const schedule::Schedule& s, const schedule::SimulationResult& r,
-                const double costs[4], std::optional<int> only) {
+                const double costs[5], bool fill_waits, std::optional<int> only) {
   using Json = nlohmann::ordered_json;
   Json stages = Json::array();
   for (int j = 0; j < s.num_stages(); ++j) {
@@ -80,7 +84,9 @@ void print_json(const schedule::Schedule& s, const schedule::SimulationResult& r
                      {{"forward", costs[0]},
                       {"backward_input", costs[1]},
                       {"backward_weight", costs[2]},
-                      {"transfer", costs[3]}}},
+                      {"transfer", costs[3]},
+                      {"send", costs[4]}}},
+                    {"fill_waits", fill_waits},
                     {"makespan", r.makespan},
                     {"bubble", r.bubble_overall},
                     {"stages", std::move(stages)}};
@@ -111,6 +117,15 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
   command->add_option("--cost-comm", args->comm, "transfer cost C between stages (default 0)")
       ->type_name("C")
       ->expected(0, 1);
+  command->add_option("--cost-send", args->send, "time S a send keeps its sender (default 0)")
+      ->type_name("S")
+      ->expected(0, 1);
+  command->add_flag("--defer-weights", args->defer_weights,
+                    "split full backwards into I and W and batch the Ws as the engine does "
+                    "(schedule::defer_weight_gradients)");
+  command->add_flag("--fill-waits", args->fill_waits,
+                    "run queued weight-gradient work while waiting, as the engine's executor does "
+                    "with its native accumulator");
   auto* svg = command->add_option("--svg", args->svg, "write the timeline as SVG")
                   ->type_name("FILE")
                   ->expected(0, 1);
@@ -123,18 +138,22 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
       for (const CLI::Option* file : {svg, trace})
         if (file->count() > 0 && file->as<std::string>().empty())
           throw ConfigError(file->get_name() + " needs a FILE to write");
-      const double costs[4] = {parse_cost("--cost-forward", args->forward),
+      const double costs[5] = {parse_cost("--cost-forward", args->forward),
                                parse_cost("--cost-backward", args->backward),
                                parse_cost("--cost-weight", args->weight),
-                               parse_cost("--cost-comm", args->comm)};
-      const schedule::Schedule s = args->schedule.generate();
+                               parse_cost("--cost-comm", args->comm),
+                               parse_cost("--cost-send", args->send)};
+      schedule::Schedule s = args->schedule.generate();
+      if (args->defer_weights) s = schedule::defer_weight_gradients(s);
       const auto only = args->schedule.only_stage(s.num_stages());
-      const auto r = schedule::simulate(
-          s, schedule::CostModel::uniform(s.num_stages(), costs[0], costs[1], costs[2], costs[3]));
+      auto model = schedule::CostModel::uniform(s.num_stages(), costs[0], costs[1], costs[2], costs[3]);
+      model.send.assign(static_cast<size_t>(s.num_stages()), costs[4]);
+      model.fill_waits = args->fill_waits;
+      const auto r = schedule::simulate(s, model);
       if (args->schedule.json())
-        print_json(s, r, costs, only);
+        print_json(s, r, costs, args->fill_waits, only);
       else
-        print_text(s, r, costs, only);
+        print_text(s, r, costs, args->fill_waits, only);
       if (!args->svg.empty()) {
         schedule::SvgOptions options;
         options.title = schedule::timeline_title(s, r.bubble_overall);

@@ -150,6 +150,25 @@ TEST(SimulateCommand, CostsJsonSvgAndTrace) {
   EXPECT_GT(events.size(), 48u);
 }
 
+TEST(SimulateCommand, SendCostsDeferredWeightsAndFilledWaits) {
+  // 1F1B, 2 stages, 1 micro-batch, F = 1, B + W = 2: each of the two sends adds 0.25.
+  CliRun r = run({"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "1", "--cost-send", "0.25",
+                  "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto json = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(json["makespan"].get<double>(), 6.5);
+  EXPECT_EQ(json["costs"]["send"], 0.25);
+  // 2 micro-batches as the engine runs them (simulate_test.cpp works the timeline out): the
+  // deferred W0 fills stage 0's wait for its last gradient.
+  r = run({"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--defer-weights", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(r.out)["makespan"].get<double>(), 8);
+  r = run({"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--defer-weights", "--fill-waits"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("makespan: 7\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("waits filled with queued weight-gradient work"), std::string::npos) << r.out;
+}
+
 TEST(SimulateCommand, UnwritableFileIsAnErrorWithoutUsage) {
   const CliRun r = run({"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2",
                         "--trace", "/nonexistent-dir/trace.json"});
