@@ -50,15 +50,8 @@ CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, 
   CostModel costs = CostModel::uniform(num_stages, 0, 0, 0, transfer);
   std::vector<std::vector<double>> sum(kNumOps, std::vector<double>(num_stages, 0.0));
   std::vector<std::vector<int>> count(kNumOps, std::vector<int>(num_stages, 0));
-  costs.send.assign(static_cast<size_t>(std::max(num_stages, 0)), 0.0);
-  std::vector<int> sends(costs.send.size(), 0);
   for (const TimedEvent& e : events) {
     if (e.stage < 0 || e.stage >= num_stages) continue;
-    if (is_send(e.op)) {
-      costs.send[e.stage] += e.end - e.start;
-      ++sends[e.stage];
-    }
-    if (!is_compute(e.op)) continue;
     sum[static_cast<int>(e.op)][e.stage] += e.end - e.start;
     // Work of no micro-batch in particular (a wait filled with weight gradients) adds to the
     // time of its kind without being an action of its own.
@@ -68,8 +61,12 @@ CostModel estimate_costs(const std::vector<TimedEvent>& events, int num_stages, 
     const int n = count[static_cast<int>(op)][j];
     return n == 0 ? 0.0 : sum[static_cast<int>(op)][j] / n * num_chunks;
   };
+  costs.send.assign(static_cast<size_t>(std::max(num_stages, 0)), 0.0);
   for (int j = 0; j < num_stages; ++j) {
-    if (sends[j] > 0) costs.send[j] /= sends[j];
+    // Both kinds of send cost the same to post (the per-chunk split does not apply).
+    const int sends = count[static_cast<int>(Op::send_activation)][j] + count[static_cast<int>(Op::send_grad)][j];
+    if (sends > 0)
+      costs.send[j] = (sum[static_cast<int>(Op::send_activation)][j] + sum[static_cast<int>(Op::send_grad)][j]) / sends;
     if (count[static_cast<int>(Op::forward)][j] == 0)
       throw ConfigError(
           fmt::format("estimate_costs: stage {} has no forward events; record "
