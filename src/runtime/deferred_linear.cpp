@@ -52,7 +52,13 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
 };
 
 DeferredLinear::DeferredLinear(torch::nn::Linear layer, GemmKernel kernel)
-    : layer_(std::move(layer)), kernel_(kernel) {}
+    : layer_(std::move(layer)), kernel_(kernel) {
+  // Asked for by value (not by parse_gemm_kernel), so checked here: elsewhere it is a SIGILL.
+  if (kernel_ == GemmKernel::Native && !native_gemm_available()) {
+    throw ConfigError("DeferredLinear: GemmKernel::Native needs AVX-512F, which this CPU lacks (or which is "
+                      "disabled); pass parse_gemm_kernel(\"auto\") or GemmKernel::Blas / OneDnn");
+  }
+}
 
 const torch::Tensor& DeferredLinear::weight_transposed() {
   const auto& w = layer_->weight;
@@ -137,15 +143,10 @@ void DeferredLinear::input_gradient_done(int64_t mb, const torch::Tensor& dy) {
 
 void DeferredLinear::backward_weight(const std::vector<int64_t>& mbs) {
   if (mbs.empty()) return;
-  size_t upto = 0;
+  const size_t upto = order_end_of(mbs);
   std::vector<int64_t> grouped;
   for (int64_t mb : mbs) {
-    auto at = std::find(order_.begin(), order_.end(), mb);
-    if (at != order_.end()) {
-      upto = std::max(upto, static_cast<size_t>(at - order_.begin()) + 1);
-    } else if (!completed_.count(mb)) {
-      grouped.push_back(mb);
-    }
+    if (std::find(order_.begin(), order_.end(), mb) == order_.end() && !completed_.count(mb)) grouped.push_back(mb);
   }
   for (size_t b = 0; b < done_.size(); ++b) {
     if (done_[b] < upto) accumulate_block(b, upto);
