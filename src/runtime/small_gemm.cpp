@@ -4,6 +4,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "pipetrain/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -160,9 +164,9 @@ torch::Tensor pack_rows_transposed(const torch::Tensor& x) {
   return packed;
 }
 
-}  // namespace
+std::atomic<bool> native_disabled_{false};
 
-bool native_gemm_available() {
+bool cpu_has_avx512f() {
 #ifdef PIPETRAIN_HAVE_AVX512_KERNELS
   static const bool available = __builtin_cpu_supports("avx512f");
   return available;
@@ -171,7 +175,42 @@ bool native_gemm_available() {
 #endif
 }
 
+// The kernels' instructions exist only where the CPU has AVX-512F: anywhere else they are a
+// SIGILL, so each public entry checks before it touches one.
+void require_native(const char* who) {
+  if (native_gemm_available()) return;
+  throw ConfigError(std::string(who) + ": pipetrain's native GEMM kernels need AVX-512F, which " +
+                    (cpu_has_avx512f() ? "is switched off (disable_native_gemm)" : "this CPU lacks") +
+                    "; choose the kernel with parse_gemm_kernel(\"auto\") or use GemmKernel::Blas / OneDnn");
+}
+
+std::string sizes_of(const torch::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::string out = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
+  return out + "]";
+}
+
+// The kernels read raw float32 memory of CPU tensors; anything else is refused by name.
+void require_float_cpu(const char* who, const char* name, const torch::Tensor& t, int64_t dims) {
+  if (!t.defined() || t.dim() != dims || !t.device().is_cpu() || t.scalar_type() != torch::kFloat ||
+      t.layout() != torch::kStrided) {
+    throw BatchError(std::string(who) + ": " + name + " must be a dense float32 CPU tensor of " + std::to_string(dims) +
+                     " dimension(s), got " +
+                     (t.defined() ? std::string(c10::toString(t.scalar_type())) + " " + t.device().str() + " " +
+                                        sizes_of(t)
+                                  : std::string("an undefined tensor")));
+  }
+}
+
+}  // namespace
+
+bool native_gemm_available() { return cpu_has_avx512f() && !native_disabled_.load(); }
+
+void disable_native_gemm(bool disabled) { native_disabled_.store(disabled); }
+
 void PackedWeight::pack(const torch::Tensor& weight) {
+  require_float_cpu("PackedWeight", "weight", weight, 2);
   const auto w = weight.detach().contiguous();
   out_ = w.size(0);
   in_ = w.size(1);
@@ -192,15 +231,25 @@ void PackedWeight::pack(const torch::Tensor& weight) {
   }
 }
 
-torch::Tensor native_linear(const torch::Tensor& x_in, const torch::Tensor& weight_in, const torch::Tensor& bias) {
+torch::Tensor native_linear(const torch::Tensor& x_in, const torch::Tensor& weight_in, const torch::Tensor& bias_in) {
+  require_native("native_linear");
+  require_float_cpu("native_linear", "x", x_in, 2);
+  require_float_cpu("native_linear", "weight", weight_in, 2);
+  if (bias_in.defined()) require_float_cpu("native_linear", "bias", bias_in, 1);
+  if (x_in.size(1) != weight_in.size(1) || (bias_in.defined() && bias_in.size(0) != weight_in.size(0))) {
+    throw BatchError("native_linear: x " + sizes_of(x_in) + ", weight " + sizes_of(weight_in) + " and bias " +
+                     sizes_of(bias_in) + " do not fit y = x W^T + b (x: M x in, W: out x in, b: out)");
+  }
   const auto x = x_in.contiguous();
   const auto weight = weight_in.contiguous();
+  // Held for the whole product: a pointer into a temporary contiguous copy would dangle.
+  const auto bias = bias_in.defined() ? bias_in.contiguous() : torch::Tensor();
   const int64_t m = x.size(0), k = x.size(1), out = weight.size(0);
   auto y = torch::empty({m, out}, x.options());
   if (m == 0) return y;
   const auto xt = pack_rows_transposed(x);
   const float* w = weight.data_ptr<float>();
-  const float* b = bias.defined() ? bias.contiguous().data_ptr<float>() : nullptr;
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   const float* xp = xt.data_ptr<float>();
   float* dst = y.data_ptr<float>();
   const int64_t panels = xt.size(0);
@@ -227,6 +276,13 @@ torch::Tensor native_linear(const torch::Tensor& x_in, const torch::Tensor& weig
 }
 
 torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& weight) {
+  require_native("native_input_grad");
+  require_float_cpu("native_input_grad", "dy", dy_in, 2);
+  if (!weight.defined() || dy_in.size(1) != weight.out_features()) {
+    throw BatchError("native_input_grad: dy " + sizes_of(dy_in) + " needs a packed weight with " +
+                     std::to_string(dy_in.size(1)) + " output features, got " +
+                     (weight.defined() ? std::to_string(weight.out_features()) : std::string("an empty PackedWeight")));
+  }
   const auto dy = dy_in.contiguous();
   const int64_t m = dy.size(0), k = weight.out_features(), in = weight.in_features();
   auto dx = torch::empty({m, in}, dy.options());
@@ -251,9 +307,13 @@ torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& 
 }
 
 WeightGradOperands::WeightGradOperands(const torch::Tensor& dy_in, const torch::Tensor& x_in)
-    : dy_(dy_in.contiguous()), x_(x_in.contiguous()) {
-  TORCH_CHECK(dy_.dim() == 2 && x_.dim() == 2 && dy_.size(0) == x_.size(0), "WeightGradOperands: dy ",
-              dy_.sizes(), " and x ", x_.sizes(), " must be matrices with the same rows");
+    : dy_(dy_in.defined() ? dy_in.contiguous() : dy_in), x_(x_in.defined() ? x_in.contiguous() : x_in) {
+  require_float_cpu("WeightGradOperands", "dy", dy_, 2);
+  require_float_cpu("WeightGradOperands", "x", x_, 2);
+  if (dy_.size(0) != x_.size(0)) {
+    throw BatchError("WeightGradOperands: dy " + sizes_of(dy_) + " and x " + sizes_of(x_) +
+                     " must have the same rows (one per sample of the micro-batch)");
+  }
   rows_ = dy_.size(0);
   out_ = dy_.size(1);
   in_ = x_.size(1);
@@ -265,13 +325,23 @@ WeightGradOperands::WeightGradOperands(const torch::Tensor& dy_in, const torch::
 void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
                         const std::vector<const WeightGradOperands*>& parts, bool fresh) {
   if (parts.empty()) return;
+  require_native("native_weight_grad");
+  if (!dw) throw UsageError("native_weight_grad: dw is null; pass the out x in gradient buffer");
+  for (const auto* part : parts) {
+    if (!part) throw UsageError("native_weight_grad: a null part; pass one WeightGradOperands per micro-batch");
+  }
   const int64_t out = parts.front()->out_features(), in = parts.front()->in_features();
   for (const auto* part : parts) {
-    TORCH_CHECK(part->out_features() == out && part->in_features() == in, "native_weight_grad: parts of shapes ",
-                part->out_features(), "x", part->in_features(), " and ", out, "x", in);
+    if (part->out_features() != out || part->in_features() != in) {
+      throw BatchError("native_weight_grad: parts of shapes " + std::to_string(part->out_features()) + "x" +
+                       std::to_string(part->in_features()) + " and " + std::to_string(out) + "x" +
+                       std::to_string(in) + " accumulate into one gradient; give every part the layer's shape");
+    }
   }
-  TORCH_CHECK(0 <= r_begin && r_begin <= r_end && r_end <= out, "native_weight_grad: rows [", r_begin, ", ", r_end,
-              ") outside 0..", out);
+  if (!(0 <= r_begin && r_begin <= r_end && r_end <= out)) {
+    throw BatchError("native_weight_grad: rows [" + std::to_string(r_begin) + ", " + std::to_string(r_end) +
+                     ") lie outside the gradient's 0.." + std::to_string(out));
+  }
   const int64_t panels = (in + kPanel - 1) / kPanel;
   const int64_t tiles = (r_end - r_begin + kTileRows - 1) / kTileRows;
   // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.

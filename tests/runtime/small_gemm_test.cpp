@@ -5,6 +5,9 @@
 
 #include <tuple>
 
+#include "pipetrain/error.h"
+#include "support/tolerance.h"
+
 namespace pipetrain::runtime {
 namespace {
 
@@ -18,11 +21,20 @@ class SmallGemmTest : public ::testing::TestWithParam<Shape> {
   }
 };
 
-void expect_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  // float32 sums over up to 1024 terms in another order
-  EXPECT_TRUE(torch::allclose(got, want, /*rtol=*/1e-4, /*atol=*/1e-4))
-      << what << ": max difference " << (got - want).abs().max().item<float>();
+using pipetrain::testing::matmul_close;
+using pipetrain::testing::within_sum_bound;
+
+// x W^T + b, with the bias as one more term of each sum.
+::testing::AssertionResult linear_close(const torch::Tensor& got, const torch::Tensor& x, const torch::Tensor& w,
+                                        const torch::Tensor& b) {
+  const auto xd = x.to(torch::kDouble), wd = w.to(torch::kDouble);
+  auto exact = torch::mm(xd, wd.t());
+  auto abs_terms = torch::mm(xd.abs(), wd.abs().t());
+  if (b.defined()) {
+    exact = exact + b.to(torch::kDouble);
+    abs_terms = abs_terms + b.to(torch::kDouble).abs();
+  }
+  return within_sum_bound(got, exact, abs_terms, x.size(1) + 1);
 }
 
 TEST_P(SmallGemmTest, ForwardEqualsAddmm) {
@@ -31,8 +43,8 @@ TEST_P(SmallGemmTest, ForwardEqualsAddmm) {
   const auto x = torch::randn({m, in});
   const auto w = torch::randn({out, in});
   const auto b = torch::randn({out});
-  expect_close(native_linear(x, w, b), torch::addmm(b, x, w.t()), "with bias");
-  expect_close(native_linear(x, w, torch::Tensor()), torch::mm(x, w.t()), "without bias");
+  EXPECT_TRUE(linear_close(native_linear(x, w, b), x, w, b)) << "with bias";
+  EXPECT_TRUE(linear_close(native_linear(x, w, torch::Tensor()), x, w, torch::Tensor())) << "without bias";
 }
 
 TEST_P(SmallGemmTest, InputGradEqualsMm) {
@@ -43,7 +55,7 @@ TEST_P(SmallGemmTest, InputGradEqualsMm) {
   const PackedWeight packed(w);
   EXPECT_EQ(packed.out_features(), out);
   EXPECT_EQ(packed.in_features(), in);
-  expect_close(native_input_grad(dy, packed), torch::mm(dy, w), "dy W");
+  EXPECT_TRUE(matmul_close(native_input_grad(dy, packed), dy, w)) << "dy W";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SmallGemmTest,
@@ -64,11 +76,78 @@ TEST(SmallGemm, StridedInputsAndThreads) {
   const int saved = at::get_num_threads();
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
-    expect_close(native_linear(x, w, b), torch::addmm(b, x, w.t()), "strided x");
+    EXPECT_TRUE(linear_close(native_linear(x, w, b), x, w, b)) << "strided x";
     const auto dy = torch::randn({96, 48}).t();  // 48 x 96
-    expect_close(native_input_grad(dy, PackedWeight(w)), torch::mm(dy, w), "strided dy");
+    EXPECT_TRUE(matmul_close(native_input_grad(dy, PackedWeight(w)), dy, w)) << "strided dy";
   }
   at::set_num_threads(saved);
+}
+
+// A bias that is a strided view: its contiguous copy must live as long as the kernel reads it.
+TEST(SmallGemm, NonContiguousBias) {
+  if (!native_gemm_available()) GTEST_SKIP() << "this CPU lacks AVX-512F";
+  const auto x = torch::randn({5, 24});
+  const auto w = torch::randn({40, 24});
+  const auto every_other = torch::randn({80}).slice(0, 0, 80, 2);
+  ASSERT_FALSE(every_other.is_contiguous());
+  for (int k = 0; k < 3; ++k) {
+    torch::randn({4096});  // churn the allocator: a freed copy would be overwritten
+    EXPECT_TRUE(linear_close(native_linear(x, w, every_other), x, w, every_other));
+  }
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Each public entry checks its operands before a kernel reads them.
+TEST(SmallGemm, EntryPointsRejectBadOperands) {
+  if (!native_gemm_available()) GTEST_SKIP() << "this CPU lacks AVX-512F";
+  const auto w = torch::randn({8, 6});
+  EXPECT_THROW(native_linear(torch::randn({3, 5}), w, torch::Tensor()), BatchError);
+  EXPECT_THROW(native_linear(torch::randn({3, 6}), w, torch::randn({7})), BatchError);
+  EXPECT_THROW(native_linear(torch::randn({3, 6}, torch::kDouble), w, torch::Tensor()), BatchError);
+  EXPECT_THROW(native_linear(torch::randn({2, 3, 6}), w, torch::Tensor()), BatchError);
+  EXPECT_NE(error_of([&] { native_linear(torch::randn({3, 5}), w, torch::Tensor()); }).find("x [3, 5], weight [8, 6]"),
+            std::string::npos);
+  EXPECT_THROW(native_input_grad(torch::randn({3, 7}), PackedWeight(w)), BatchError);
+  EXPECT_THROW(native_input_grad(torch::randn({3, 8}), PackedWeight()), BatchError);
+  EXPECT_THROW(WeightGradOperands(torch::randn({3, 8}), torch::randn({4, 6})), BatchError);
+  EXPECT_THROW(WeightGradOperands(torch::randn({3, 8}), torch::Tensor()), BatchError);
+  const WeightGradOperands a(torch::randn({3, 8}), torch::randn({3, 6}));
+  const WeightGradOperands other(torch::randn({3, 9}), torch::randn({3, 6}));
+  auto dw = torch::zeros({8, 6});
+  EXPECT_THROW(native_weight_grad(dw.data_ptr<float>(), nullptr, 0, 8, {&a, &other}, false), BatchError);
+  EXPECT_THROW(native_weight_grad(dw.data_ptr<float>(), nullptr, 0, 9, {&a}, false), BatchError);
+  EXPECT_THROW(native_weight_grad(dw.data_ptr<float>(), nullptr, 5, 4, {&a}, false), BatchError);
+  EXPECT_THROW(native_weight_grad(nullptr, nullptr, 0, 8, {&a}, false), UsageError);
+}
+
+// Where the CPU lacks AVX-512 (simulated by switching the kernels off) every entry is a
+// ConfigError naming the fix, never an illegal instruction.
+TEST(SmallGemm, WithoutAvx512EveryEntryRefusesByName) {
+  disable_native_gemm(true);
+  const auto x = torch::randn({3, 6}), w = torch::randn({8, 6});
+  const std::string linear = error_of([&] { native_linear(x, w, torch::Tensor()); });
+  const std::string input = error_of([&] { native_input_grad(torch::randn({3, 8}), PackedWeight(w)); });
+  const WeightGradOperands a(torch::randn({3, 8}), x);
+  auto dw = torch::zeros({8, 6});
+  const std::string weight = error_of([&] { native_weight_grad(dw.data_ptr<float>(), nullptr, 0, 8, {&a}, false); });
+  const bool native_after = native_gemm_available();
+  disable_native_gemm(false);
+  EXPECT_FALSE(native_after);
+  for (const auto& [who, what] : {std::pair{"native_linear", linear}, {"native_input_grad", input},
+                                  {"native_weight_grad", weight}}) {
+    EXPECT_NE(what.find(who), std::string::npos) << what;
+    EXPECT_NE(what.find("AVX-512F"), std::string::npos) << what;
+    EXPECT_NE(what.find("auto"), std::string::npos) << what;
+  }
 }
 
 }  // namespace

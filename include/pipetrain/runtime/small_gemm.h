@@ -22,8 +22,11 @@
 
 namespace pipetrain::runtime {
 
-// True where this CPU has AVX-512F (the kernels' instruction set).
+// True where this CPU has AVX-512F (the kernels' instruction set) and they are not disabled.
 bool native_gemm_available();
+// Switches the kernels off (or on again where the CPU has them): "auto" then picks oneDNN or
+// BLAS, as on a CPU without AVX-512. For tests and to measure the portable path.
+void disable_native_gemm(bool disabled);
 
 // A weight W (out x in) laid out for dx = dy W: panels of 32 input features, each panel
 // holding its 32 columns of every row contiguously; the last panel is zero-padded. Any
@@ -51,7 +54,8 @@ class PackedWeight {
 };
 
 // y = x W^T + b for x (M x in), W (out x in), b (out) or undefined; float32 CPU tensors.
-// Requires native_gemm_available(); callers check shapes and dtypes (DeferredLinear does).
+// Every entry point below checks native_gemm_available() (ConfigError) and its operands'
+// dtypes, devices and shapes (BatchError) before any kernel runs.
 torch::Tensor native_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 // dx = dy W for dy (M x out) and W packed.
