@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "pipetrain/comm/clock_sync.h"
 #include "pipetrain/engine/pipeline_engine.h"
 #include "pipetrain/schedule/simulate.h"
 
@@ -10,6 +11,14 @@ namespace pipetrain {
 
 std::vector<schedule::TimedEvent> PipelineEngine::gather_events(const std::vector<schedule::TimedEvent>& local) {
   auto& group = *groups_.pipeline;
+  // Each stage timed its events on its own host's steady clock: put them all on the first
+  // stage's clock before comparing them (comm/clock_sync.h). Estimated once: the same events
+  // gathered again must give the same times, and on one host the clocks are one.
+  if (clock_offsets_.empty()) {
+    clock_offsets_ = comm::all_on_one_host(group) ? std::vector<double>(static_cast<size_t>(group.size()), 0.0)
+                                                  : comm::estimate_clock_offsets(group, comm_->rank());
+  }
+  const auto& offsets = clock_offsets_;
   const double longest = group.all_reduce_scalar(static_cast<double>(local.size()), comm::ReduceOp::Max,
                                                  "trace event count");
   const auto n = static_cast<int64_t>(longest);
@@ -33,11 +42,12 @@ std::vector<schedule::TimedEvent> PipelineEngine::gather_events(const std::vecto
       if (rows[s][i][0] == 0) continue;
       schedule::TimedEvent e;
       e.stage = s;
-      e.op = static_cast<schedule::Op>(static_cast<int>(rows[s][i][0]) - 1);
+      e.op = schedule::op_from_index(static_cast<int>(rows[s][i][0]) - 1);
       e.micro_batch = static_cast<int>(rows[s][i][1]);
       e.chunk = static_cast<int>(rows[s][i][2]);
-      e.start = rows[s][i][3];
-      e.end = rows[s][i][4];
+      const double offset = offsets.at(static_cast<size_t>(group.index_of(topology_.rank_of(s, replica()))));
+      e.start = rows[s][i][3] - offset;
+      e.end = rows[s][i][4] - offset;
       origin = std::min(origin, e.start);
       events.push_back(e);
     }

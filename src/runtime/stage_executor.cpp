@@ -193,7 +193,8 @@ class Executor {
         if (s_.on_step_op) s_.on_step_op(a.op, result_);
         return i + 1;
     }
-    return i + 1;
+    throw ScheduleError("stage " + std::to_string(s_.stage) + " has no handler for action " + schedule::to_string(a) +
+                        " (op index " + std::to_string(static_cast<int>(a.op)) + ")");
   }
 
   // A group of weight gradients, placed by the list where the stage would wait for a gradient.
@@ -407,6 +408,17 @@ class Executor {
 
 StageStepResult run_stage_step(const StageStep& step) {
   if (!step.schedule || !step.clock) throw UsageError("run_stage_step needs a schedule and a clock");
+  // An op outside the enum would index the per-op tables: refuse the list before any action runs.
+  const auto& actions = step.schedule->stages.at(static_cast<size_t>(step.stage));
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (static_cast<int>(actions[i].op) >= schedule::kNumOps) {
+      throw ScheduleError("stage " + std::to_string(step.stage) + ", action " + std::to_string(i) + " (" +
+                          schedule::to_string(actions[i]) + "): unknown op index " +
+                          std::to_string(static_cast<int>(actions[i].op)) + "; expected 0 to " +
+                          std::to_string(schedule::kNumOps - 1) + " (build lists with the schedule generators or "
+                          "parse_action, and validate custom ones)");
+    }
+  }
   if (static_cast<int>(step.chunks.size()) != step.schedule->num_chunks()) {
     throw UsageError("stage " + std::to_string(step.stage) + " has " + std::to_string(step.chunks.size()) +
                      " model chunks but the schedule has " + std::to_string(step.schedule->num_chunks()));

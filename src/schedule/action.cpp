@@ -25,7 +25,13 @@ constexpr OpInfo kOps[kNumOps] = {
     {"reduce_tied_grads", "T"}, {"reduce_grads", "R"},    {"optimizer_step", "O"},
 };
 
-const OpInfo& info(Op op) { return kOps[static_cast<int>(op)]; }
+// An op outside the enum (a corrupt trace row, a cast integer) prints as "unknown" instead of
+// reading past the table.
+const OpInfo& info(Op op) {
+  static constexpr OpInfo kUnknown{"unknown", "?"};
+  const int index = static_cast<int>(op);
+  return index < kNumOps ? kOps[index] : kUnknown;
+}
 
 std::string all_names() {
   std::string out;
@@ -63,6 +69,15 @@ int read_int(std::string_view text, size_t& pos) {
 
 const char* op_name(Op op) { return info(op).name; }
 const char* op_code(Op op) { return info(op).code; }
+
+Op op_from_index(int index) {
+  if (index < 0 || index >= kNumOps) {
+    throw ScheduleError(fmt::format("op index {} names no action (expected 0 to {}: {}); the data it "
+                                    "came from was written by another version or is corrupt",
+                                    index, kNumOps - 1, all_names()));
+  }
+  return static_cast<Op>(index);
+}
 
 Op parse_op_name(std::string_view name) {
   for (int i = 0; i < kNumOps; ++i)

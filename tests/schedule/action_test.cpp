@@ -37,6 +37,24 @@ TEST(Action, PrintsTheDocumentedExamples) {
   EXPECT_EQ(to_string(make(Op::recv_activation, 1, 9, 0, 4, 0, 0)), "1RA9#4<0");
 }
 
+TEST(Action, StoredOpIndicesAreChecked) {
+  EXPECT_EQ(op_from_index(0), Op::load_micro_batch);
+  EXPECT_EQ(op_from_index(kNumOps - 1), Op::optimizer_step);
+  for (int bad : {-1, kNumOps, 255}) {
+    try {
+      op_from_index(bad);
+      FAIL() << bad;
+    } catch (const ScheduleError& e) {
+      EXPECT_NE(std::string(e.what()).find("op index " + std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+  // Printing an action of no known op names it as unknown instead of reading past the table.
+  const Action odd = make(static_cast<Op>(kNumOps + 3), 1, 2);
+  EXPECT_EQ(std::string(op_name(odd.op)), "unknown");
+  EXPECT_EQ(to_string(odd), "1?2");
+  EXPECT_EQ(malformation(odd), "unknown op");
+}
+
 TEST(Action, ParsesEveryField) {
   EXPECT_EQ(parse_action("2F5"), make(Op::forward, 2, 5));
   EXPECT_EQ(parse_action("3RG0c1#0<0c1"), make(Op::recv_grad, 3, 0, 1, 0, 0, 1));

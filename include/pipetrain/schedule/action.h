@@ -61,6 +61,8 @@ const char* op_name(Op op);
 const char* op_code(Op op);
 // Inverse of op_name; throws ScheduleError naming the valid names.
 Op parse_op_name(std::string_view name);
+// The op of a stored index (a trace row, a message); ScheduleError when it names none.
+Op op_from_index(int index);
 
 // Small predicates, inline because the validator calls them for every action.
 constexpr bool is_step(Op op) {  // reduce_tied_grads, reduce_grads, optimizer_step
