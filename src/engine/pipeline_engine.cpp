@@ -12,6 +12,7 @@
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/engine/optimizer.h"
 #include "pipetrain/error.h"
+#include "pipetrain/comm/clock_sync.h"
 #include "pipetrain/runtime/gemm.h"
 #include "pipetrain/schedule/defer_weights.h"
 #include "pipetrain/schedule/generate.h"
@@ -21,9 +22,8 @@ namespace pipetrain {
 
 namespace {
 
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+// Steady: a step's duration and its events must not jump when NTP steps the wall clock.
+double wall_seconds() { return comm::steady_seconds(); }
 
 int resolve_stages(const PipelineModule& module, const EngineConfig& config, int world) {
   const int64_t from_module = module.num_stages;

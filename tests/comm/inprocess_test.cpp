@@ -3,6 +3,7 @@
 
 #include <thread>
 
+#include "pipetrain/comm/clock_sync.h"
 #include "pipetrain/comm/inprocess.h"
 #include "pipetrain/error.h"
 
@@ -155,6 +156,25 @@ TEST(InProcessChannel, RejectsBadPeersAndBatches) {
   EXPECT_THROW(c->channel().isend(1, Stream::activation(), Batch(torch::ones({1}, torch::kComplexFloat)), "x"),
                BatchError);
   EXPECT_THROW(hub->endpoint(0), UsageError);
+}
+
+// Ranks whose clocks start 1000 s apart (as hosts' monotonic clocks do) are put on rank 0's
+// clock within the barrier's exit skew.
+TEST(InProcessGroup, ClockOffsetsRecoverShiftedClocks) {
+  auto hub = InProcessHub::create(3);
+  std::vector<std::vector<double>> seen(3);
+  run_ranks(hub, [&](int rank, Communicator& c) {
+    const double shift = 1000.0 * rank - 250.0;
+    seen[static_cast<size_t>(rank)] =
+        estimate_clock_offsets(c.world(), rank, [shift] { return steady_seconds() + shift; });
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(seen[static_cast<size_t>(r)].size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      // Every rank computes the same table; the tolerance covers a descheduled thread.
+      EXPECT_NEAR(seen[static_cast<size_t>(r)][static_cast<size_t>(i)], 1000.0 * i, 0.05) << r << " " << i;
+    }
+  }
 }
 
 TEST(InProcessGroup, Collectives) {

@@ -172,6 +172,7 @@ class PipelineEngine {
   StepStats last_;
   double step_loss_ = 0;
   std::vector<schedule::TimedEvent> last_events_;
+  std::vector<double> clock_offsets_;  // per pipeline-group member, on the first stage's clock
 };
 
 }  // namespace pipetrain

@@ -50,7 +50,7 @@ struct StageStep {
   // Runs reduce_tied_grads, reduce_grads and optimizer_step; gets the step's result so far
   // (the loss, for the optimizer step's checks).
   std::function<void(schedule::Op, const StageStepResult& so_far)> on_step_op;
-  // Seconds on a clock shared by the ranks of one host, for the trace.
+  // Seconds on a steady clock (one per host; the engine aligns hosts' clocks), for the trace.
   std::function<double()> clock;
   // The model's skip links (runtime/skip_links.h); null or empty without skips between parts.
   const std::vector<SkipLink>* skip_links = nullptr;
