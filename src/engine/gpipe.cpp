@@ -40,6 +40,11 @@ GPipeImpl::GPipeImpl(const torch::nn::Sequential& module, const GPipeOptions& op
                       std::to_string(options_.chunks()) +
                       "; use GPipeOptions::chunks(n) with n >= 1 micro-batches per mini-batch");
   }
+  if (!(options_.task_timeout() > 0)) {
+    throw ConfigError("task_timeout must be a positive number of seconds, got " +
+                      std::to_string(options_.task_timeout()) +
+                      "; use GPipeOptions::task_timeout(s) with the longest a micro-batch may take in one partition");
+  }
   if (options_.intra_op_threads() < 0) {
     throw ConfigError("intra_op_threads must be >= 0 (0 keeps the default), got " +
                       std::to_string(options_.intra_op_threads()));
@@ -103,7 +108,11 @@ Batch GPipeImpl::forward_batch(const Batch& input) {
                                                      options_.intra_op_threads());
   }
   try {
-    runtime::run_pipeline(stages_, batches, checkpoint_stop, draw_seed(), *workers_);
+    runtime::run_pipeline(stages_, batches, checkpoint_stop, draw_seed(), *workers_, options_.task_timeout());
+  } catch (const TimeoutError&) {
+    for (auto& bn : deferred_) bn->discard();
+    workers_.reset();  // abandoned by run_pipeline: its hung thread is detached, not joined
+    throw;
   } catch (...) {
     for (auto& bn : deferred_) bn->discard();
     throw;

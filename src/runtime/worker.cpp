@@ -7,11 +7,10 @@
 
 namespace pipetrain::runtime {
 
-WorkerPool::WorkerPool(int64_t workers, int64_t intra_op_threads)
-    : intra_op_threads_(intra_op_threads) {
-  for (int64_t j = 0; j < workers; ++j) queues_.push_back(std::make_unique<Queue>());
+WorkerPool::WorkerPool(int64_t workers, int64_t intra_op_threads) {
+  for (int64_t j = 0; j < workers; ++j) queues_.push_back(std::make_shared<Queue>());
   for (int64_t j = 0; j < workers; ++j) {
-    threads_.emplace_back([this, j] { loop(*queues_[j]); });
+    threads_.emplace_back([queue = queues_[j], intra_op_threads] { loop(queue, intra_op_threads); });
   }
 }
 
@@ -21,7 +20,13 @@ WorkerPool::~WorkerPool() {
     q->closed = true;
     q->ready.notify_all();
   }
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_) {
+    if (abandoned_) {
+      t.detach();  // a hung task keeps its thread; it ends when the task returns
+    } else {
+      t.join();
+    }
+  }
 }
 
 void WorkerPool::post(int64_t j, std::function<void()> job) {
@@ -35,9 +40,10 @@ void WorkerPool::post(int64_t j, std::function<void()> job) {
   q.ready.notify_one();
 }
 
-void WorkerPool::loop(Queue& queue) {
+void WorkerPool::loop(const std::shared_ptr<Queue>& shared, int64_t intra_op_threads) {
+  Queue& queue = *shared;
   // Per-thread OpenMP setting: ATen's parallel regions and an OpenMP BLAS read it per call.
-  if (intra_op_threads_ > 0) omp_set_num_threads(static_cast<int>(intra_op_threads_));
+  if (intra_op_threads > 0) omp_set_num_threads(static_cast<int>(intra_op_threads));
   for (;;) {
     std::function<void()> job;
     {

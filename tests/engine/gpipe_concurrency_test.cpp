@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <set>
 #include <thread>
 
@@ -101,6 +102,50 @@ TEST(GPipeConcurrency, PipetrainErrorsKeepTheirType) {
   EXPECT_THROW(gpipe->forward(std::vector<torch::Tensor>{torch::randn({2, 2}),
                                                          torch::randn({2, 2})}),
                BatchError);
+}
+
+// Blocks until released (or 30 s pass, so a failing test leaves no thread behind for ever).
+struct HangImpl : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x) {
+    std::unique_lock<std::mutex> lock(mutex);
+    entered = true;
+    released_cv.wait_for(lock, std::chrono::seconds(30), [&] { return released; });
+    return x;
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex);
+    released = true;
+    released_cv.notify_all();
+  }
+  std::mutex mutex;
+  std::condition_variable released_cv;
+  bool released = false;
+  bool entered = false;
+};
+TORCH_MODULE(Hang);
+
+TEST(GPipeConcurrency, AHungLayerIsATimeoutNamingPartitionAndMicroBatch) {
+  Hang hang;
+  GPipe gpipe(torch::nn::Sequential(torch::nn::Identity(), hang), GPipeOptions({1, 1}).chunks(2).task_timeout(0.3));
+  const auto start = Clock::now();
+  try {
+    gpipe->forward(torch::randn({4, 2}));
+    FAIL() << "a hung layer must not hang forward";
+  } catch (const TimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("partition 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("micro-batch 0"), std::string::npos) << what;
+    EXPECT_NE(what.find("task_timeout"), std::string::npos) << what;
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  // The hung task finishes on its abandoned worker; the next forward starts new workers.
+  hang->release();
+  const auto x = torch::randn({4, 2});
+  EXPECT_TRUE(torch::equal(gpipe->forward(x), x));
+}
+
+TEST(GPipeConcurrency, TaskTimeoutMustBePositive) {
+  EXPECT_THROW(GPipe(torch::nn::Sequential(torch::nn::Identity()), GPipeOptions({1}).task_timeout(0)), ConfigError);
 }
 
 TEST(GPipeConcurrency, GradModeOfTheCallerReachesTheWorkers) {

@@ -58,6 +58,10 @@ struct GPipeOptions {
   TORCH_ARG(bool, convert_dropout) = true;
   // OpenMP threads for each worker (ATen kernels, an OpenMP BLAS); 0 leaves the default.
   TORCH_ARG(int64_t, intra_op_threads) = 0;
+  // Seconds one clock tick's tasks (a micro-batch through a partition) may take before forward
+  // throws a TimeoutError naming the partition and micro-batch instead of waiting for ever.
+  // The hung task's thread is left to finish alone; the next forward starts new workers.
+  TORCH_ARG(double, task_timeout) = 600.0;
 };
 
 class GPipeImpl : public torch::nn::Module {

@@ -3,7 +3,9 @@
 // A partition's layers always run on the same thread, so their thread-local state (OpenMP
 // team, device) stays put from step to step. Every task posts exactly one result (a value or
 // the exception it threw) to its future, so the caller's waits are always woken; the pool's
-// destructor closes the queues and joins the threads.
+// destructor closes the queues and joins the threads. A pool whose task hung (the caller's
+// wait timed out) is abandoned instead: its destructor detaches the threads, which own their
+// queues and touch nothing of the pool, so a task that returns late finds live state.
 #pragma once
 
 #include <condition_variable>
@@ -28,6 +30,9 @@ class WorkerPool {
 
   int64_t size() const { return static_cast<int64_t>(queues_.size()); }
 
+  // The destructor will detach the threads instead of joining them (a task has hung).
+  void abandon() { abandoned_ = true; }
+
   // Queues `task` on worker j; the future holds its result or its exception.
   template <typename T>
   std::future<T> submit(int64_t j, std::function<T()> task) {
@@ -46,11 +51,11 @@ class WorkerPool {
   };
 
   void post(int64_t j, std::function<void()> job);
-  void loop(Queue& queue);
+  static void loop(const std::shared_ptr<Queue>& queue, int64_t intra_op_threads);
 
-  std::vector<std::unique_ptr<Queue>> queues_;
+  std::vector<std::shared_ptr<Queue>> queues_;  // shared with their threads
   std::vector<std::thread> threads_;
-  int64_t intra_op_threads_;
+  bool abandoned_ = false;
 };
 
 }  // namespace pipetrain::runtime
