@@ -46,9 +46,9 @@ std::string layer_file(int64_t index) { return fmt::format("layer_{:05d}.pt", in
 std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
 std::string rng_file(int rank) { return fmt::format("rng_rank_{:05d}.pt", rank); }
 
-// This process's default CPU generator (dropout and other random layers draw from it).
-void save_rng_state(const fs::path& path) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+// The rank's random stream (PipelineEngine::random_stream: dropout and every other random op of
+// its layers draw from it).
+void save_rng_state(at::Generator gen, const fs::path& path) {
   torch::Tensor state;
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -57,10 +57,9 @@ void save_rng_state(const fs::path& path) {
   torch::save(state, path.string());
 }
 
-void load_rng_state(const fs::path& path) {
+void load_rng_state(at::Generator gen, const fs::path& path) {
   torch::Tensor state;
   torch::load(state, path.string());
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
@@ -245,7 +244,7 @@ void restore_rng_if_same_layout(PipelineEngine& engine, const fs::path& dir, con
                     by.value("chunks", -1) == engine.num_chunks();
   if (!same) return;
   const auto& entry = manifest["rng"]["files"].at(std::to_string(engine.communicator().rank()));
-  load_rng_state(verified(dir, entry));
+  load_rng_state(engine.random_stream(), verified(dir, entry));
 }
 
 }  // namespace
@@ -271,7 +270,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
         if (engine.optimizer()) save_optimizer_state(*engine.optimizer(), module, partial / optim_file(index));
       }
     }
-    save_rng_state(partial / rng_file(comm.rank()));
+    save_rng_state(engine.random_stream(), partial / rng_file(comm.rank()));
     at_phase("files");
     world.barrier("checkpoint files written");
     if (comm.rank() == 0) {

@@ -12,8 +12,11 @@
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/engine/optimizer.h"
 #include "pipetrain/error.h"
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "pipetrain/comm/clock_sync.h"
 #include "pipetrain/runtime/gemm.h"
+#include "pipetrain/runtime/rng.h"
 #include "pipetrain/schedule/defer_weights.h"
 #include "pipetrain/schedule/generate.h"
 #include "pipetrain/util/log.h"
@@ -64,6 +67,13 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   if (!module_.loss) throw ModuleError("the PipelineModule has no loss function");
   coord_ = topology_.coord_of(comm_->rank());
   config_.resolve_batch_sizes(topology_.replicas());
+  // Where the process's default generator is now, as a process of its own would have it: ranks
+  // that share a process (threads) draw as separate processes do.
+  // Under the lock: another rank's thread may be building its layers in a SeededScope.
+  {
+    runtime::DefaultGeneratorLease lease;
+    rng_stream_ = runtime::clone_generator(at::detail::getDefaultCPUGenerator());
+  }
 
   train_schedule_ = make_train_schedule(config_, topology_.stages());
   const auto& layout = train_schedule_.layout;
@@ -223,6 +233,7 @@ runtime::StageStep PipelineEngine::make_step(const schedule::Schedule& sched,
   s.data = &data;
   s.training = training;
   s.clock = wall_seconds;
+  s.rng_stream = rng_stream_;
   s.skip_links = &skip_links_;
   return s;
 }

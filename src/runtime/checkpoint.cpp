@@ -1,6 +1,8 @@
 // Activation checkpointing as a custom autograd node (see the picture in checkpoint.h).
 #include "pipetrain/runtime/checkpoint.h"
 
+#include <optional>
+
 #include "pipetrain/runtime/rng.h"
 
 namespace pipetrain::runtime {
@@ -40,16 +42,25 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                at::TensorList inputs, c10::intrusive_ptr<CheckpointState> state) {
     Tensors in(inputs.begin(), inputs.end());
     for (const auto& x : in) state->requires_grad.push_back(x.requires_grad() && differentiable(x));
-    if (has_task_generator()) {
-      state->task_generator = clone_generator(current_generator());
-    } else {
-      state->default_rng = RngSnapshot::capture();
-    }
+    // Every random op must draw the same again on recomputation: runtime::Dropout draws from
+    // the task generator (copied), every other op from the default generators (captured). A
+    // thread whose draws nothing covers leases the default generator for the forward, so
+    // that no other thread draws between the capture and the forward's own draws.
+    std::optional<DefaultGeneratorLease> lease;
+    if (!default_generator_covered()) lease.emplace();
+    if (has_task_generator()) state->task_generator = clone_generator(current_generator());
+    // In a task known to draw nothing there is nothing to replay (and the default generator
+    // moves under other threads' leases meanwhile).
+    std::optional<RngSnapshot> before;
+    if (!free_of_draws()) before = RngSnapshot::capture();
     Tensors out;
     {
       FlagScope flag(checkpointing_, true);
       out = state->fn(in);
     }
+    // Kept only where something drew (5 KB a checkpoint otherwise, next to the inputs).
+    if (before && before->moved_since()) state->default_rng = std::move(*before);
+    lease.reset();
     Tensors non_differentiable;
     for (const auto& y : out) {
       if (!differentiable(y)) non_differentiable.push_back(y);
@@ -77,21 +88,20 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       FlagScope flag(recomputing_, true);
       torch::AutoGradMode grad_on(true);
-      if (state->task_generator.defined()) {
-        // A fresh copy each time, so a second backward (retain_graph) draws the same again.
-        TaskGeneratorScope rng(clone_generator(state->task_generator));
+      // A fresh copy each time, so a second backward (retain_graph) draws the same again;
+      // the default generators as they were at forward, lent to this thread alone.
+      TaskGeneratorScope task_rng(state->task_generator.defined() ? clone_generator(state->task_generator)
+                                                                  : at::Generator());
+      DefaultGeneratorLease lease;
+      const RngSnapshot now = RngSnapshot::capture();
+      state->default_rng.restore();
+      try {
         outputs = state->fn(inputs);
-      } else {
-        const RngSnapshot now = RngSnapshot::capture();
-        state->default_rng.restore();
-        try {
-          outputs = state->fn(inputs);
-        } catch (...) {
-          now.restore();
-          throw;
-        }
+      } catch (...) {
         now.restore();
+        throw;
       }
+      now.restore();
     }
     TORCH_CHECK(outputs.size() == grad_outputs.size(), "checkpointed function returned ",
                 outputs.size(), " tensors on recomputation but ", grad_outputs.size(),

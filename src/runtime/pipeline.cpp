@@ -3,8 +3,12 @@
 
 #include <ATen/ThreadLocalState.h>
 
+#include <fmt/format.h>
+
+#include <chrono>
 #include <exception>
 #include <future>
+#include <optional>
 
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/clock.h"
@@ -22,6 +26,17 @@ Batch run_task(const Stage& stage, const Batch& input, int64_t i, bool checkpoin
   at::ThreadLocalStateGuard state(caller_state);
   DeviceScope device(stage.device);
   TaskGeneratorScope rng(make_generator(task_seed(seed, i, stage.index)));
+  // Ops that draw from the default generator (torch::dropout, a Dropout inside a custom module,
+  // torch::rand) get a stream of their own per task, apart from runtime::Dropout's, under a
+  // lease: the same masks whatever the timing, and checkpoints recompute them exactly.
+  std::atomic<int>& history = stage.draws->by_mode[stage.layers->is_training() ? 1 : 0];
+  std::optional<DefaultGeneratorLease> lease;
+  std::optional<FreeOfDrawsScope> free;
+  if (history.load() == DrawHistory::kDrawsNothing) {
+    free.emplace();
+  } else {
+    lease.emplace(make_generator(task_seed(~seed, i, stage.index)));
+  }
   static const skip::SkipPlan no_skips;
   const skip::SkipPlan& plan = stage.skips ? *stage.skips : no_skips;
   const int64_t first = stage.first_layer;
@@ -36,7 +51,9 @@ Batch run_task(const Stage& stage, const Batch& input, int64_t i, bool checkpoin
     DeviceScope device(stage.device);
     return forward_stage(stage, x);
   };
-  return run_with_skips(plan, first, last, input, tracker, checkpoint, run);
+  Batch out = run_with_skips(plan, first, last, input, tracker, checkpoint, run);
+  if (lease) history.store(lease->drew() ? DrawHistory::kDraws : DrawHistory::kDrawsNothing);
+  return out;
 }
 
 }  // namespace
@@ -50,13 +67,17 @@ Batch forward_stage(const Stage& stage, const Batch& input) {
 }
 
 void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
-                  int64_t checkpoint_stop, uint64_t seed, WorkerPool& workers) {
+                  int64_t checkpoint_stop, uint64_t seed, WorkerPool& workers, double task_timeout_s) {
   TORCH_INTERNAL_ASSERT(workers.size() == static_cast<int64_t>(stages.size()),
                         "one worker per stage");
   const auto m = static_cast<int64_t>(batches.size());
   const auto n = static_cast<int64_t>(stages.size());
-  const at::ThreadLocalState caller_state;
-  std::vector<skip::SkipTracker> trackers(static_cast<size_t>(m));
+  // Owned jointly with the tasks: a task still running after its wait timed out must find
+  // them alive when this frame is gone.
+  auto caller_state = std::make_shared<const at::ThreadLocalState>();
+  auto trackers = std::make_shared<std::vector<skip::SkipTracker>>(static_cast<size_t>(m));
+  const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(task_timeout_s));
   for (const Tick& tick : clock_cycles(m, n)) {
     std::vector<std::future<Batch>> results;
     results.reserve(tick.size());
@@ -66,15 +87,22 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
       if (i > 0 && !stage.device.is_cpu()) depend(batches[i - 1], batches[i]);
       Batch input = copy_to(batches[i], stage.device);
       const bool checkpoint = i < checkpoint_stop;
-      auto& tracker = trackers[static_cast<size_t>(i)];
-      results.push_back(workers.submit<Batch>(j, [&stage, &caller_state, &tracker, input, i,
-                                                  checkpoint, seed] {
-        return run_task(stage, input, i, checkpoint, seed, caller_state, tracker);
+      results.push_back(workers.submit<Batch>(j, [stage, caller_state, trackers, input, i, checkpoint, seed] {
+        return run_task(stage, input, i, checkpoint, seed, *caller_state, (*trackers)[static_cast<size_t>(i)]);
       }));
     }
-    // Wait for every task of the tick, even after a failure: none may outlive this frame.
+    // Wait for every task of the tick, even after a failure (none may run on into the next
+    // tick), each until the tick's deadline.
+    const auto deadline = std::chrono::steady_clock::now() + budget;
     std::exception_ptr failure;
     for (size_t t = 0; t < tick.size(); ++t) {
+      if (results[t].wait_until(deadline) != std::future_status::ready) {
+        workers.abandon();
+        throw TimeoutError(fmt::format(
+            "GPipe: partition {} did not finish micro-batch {} within {} s (GPipeOptions::task_timeout); a layer "
+            "of that partition hangs or needs longer: fix the layer or raise task_timeout",
+            tick[t].second, tick[t].first, task_timeout_s));
+      }
       try {
         batches[tick[t].first] = results[t].get();
       } catch (...) {

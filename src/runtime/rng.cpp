@@ -4,10 +4,18 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 
+#include <string>
+
+#include "pipetrain/error.h"
+
 namespace pipetrain::runtime {
 namespace {
 
 thread_local at::Generator task_generator_;  // undefined: none installed
+
+// What covers this thread's draws from the default generator.
+enum Policy { kUncovered = 0, kLeased = 1, kFree = 2 };
+thread_local int policy_ = kUncovered;
 
 torch::Tensor state_of(const at::Generator& g) {
   at::Generator gen = g;  // shares the impl; the mutex is the generator's own
@@ -23,9 +31,33 @@ void set_state_of(const at::Generator& g, const torch::Tensor& state) {
 
 }  // namespace
 
+// The engine's words and the cached normal samples: every draw changes one of them. (The state
+// tensor cannot be compared: it is a raw copy of a struct whose padding bytes are garbage.)
+CpuGeneratorPosition CpuGeneratorPosition::of(const at::Generator& g) {
+  at::Generator gen = g;
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* impl = gen.get<at::CPUGeneratorImpl>();
+  const auto data = impl->engine().data();
+  CpuGeneratorPosition p;
+  p.left = data.left_;
+  p.next = data.next_;
+  p.words = data.state_;
+  const auto f = impl->next_float_normal_sample();
+  const auto d = impl->next_double_normal_sample();
+  p.cached_float = f.has_value() ? std::optional<float>(*f) : std::nullopt;
+  p.cached_double = d.has_value() ? std::optional<double>(*d) : std::nullopt;
+  return p;
+}
+
+bool CpuGeneratorPosition::operator==(const CpuGeneratorPosition& o) const {
+  return left == o.left && next == o.next && words == o.words && cached_float == o.cached_float &&
+         cached_double == o.cached_double;
+}
+
 RngSnapshot RngSnapshot::capture() {
   RngSnapshot snapshot;
   snapshot.cpu = state_of(at::detail::getDefaultCPUGenerator());
+  snapshot.cpu_position = CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator());
   const int64_t cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
   for (int64_t d = 0; d < cuda_devices; ++d) {
     snapshot.cuda.push_back(
@@ -43,12 +75,33 @@ void RngSnapshot::restore() const {
   }
 }
 
-std::recursive_mutex& rng_mutex() {
-  static std::recursive_mutex mutex;
+bool RngSnapshot::moved_since() const {
+  const RngSnapshot now = capture();
+  if (cpu.defined() && !(now.cpu_position == cpu_position)) return true;
+  for (size_t d = 0; d < cuda.size() && d < now.cuda.size(); ++d) {
+    if (!torch::equal(now.cuda[d], cuda[d])) return true;
+  }
+  return false;
+}
+
+std::recursive_timed_mutex& rng_mutex() {
+  static std::recursive_timed_mutex mutex;
   return mutex;
 }
 
-SeededScope::SeededScope(uint64_t seed) : lock_(rng_mutex()) {
+namespace {
+std::unique_lock<std::recursive_timed_mutex> lock_rng(const char* who) {
+  std::unique_lock<std::recursive_timed_mutex> lock(rng_mutex(), std::defer_lock);
+  if (!lock.try_lock_for(kRngLockTimeout)) {
+    throw TimeoutError(std::string(who) + ": the default random generator stayed taken for " +
+                       std::to_string(kRngLockTimeout.count()) +
+                       " s; a pipeline task that timed out still holds it (its layer hangs): fix that layer");
+  }
+  return lock;
+}
+}  // namespace
+
+SeededScope::SeededScope(uint64_t seed) : lock_(lock_rng("SeededScope")) {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   saved_cpu_ = gen.get_state();
@@ -72,6 +125,42 @@ TaskGeneratorScope::TaskGeneratorScope(at::Generator generator)
 }
 
 TaskGeneratorScope::~TaskGeneratorScope() { task_generator_ = std::move(previous_); }
+
+DefaultGeneratorLease::DefaultGeneratorLease() : lock_(lock_rng("DefaultGeneratorLease")), previous_policy_(policy_) {
+  installed_ = CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator());
+  policy_ = kLeased;
+}
+
+DefaultGeneratorLease::DefaultGeneratorLease(at::Generator stream)
+    : lock_(lock_rng("DefaultGeneratorLease")), stream_(std::move(stream)), previous_policy_(policy_) {
+  const at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  saved_ = state_of(cpu);
+  set_state_of(cpu, state_of(stream_));
+  installed_ = CpuGeneratorPosition::of(cpu);
+  policy_ = kLeased;
+}
+
+DefaultGeneratorLease::~DefaultGeneratorLease() {
+  policy_ = previous_policy_;
+  if (!stream_.defined()) return;
+  const at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  set_state_of(stream_, state_of(cpu));
+  set_state_of(cpu, saved_);
+}
+
+bool DefaultGeneratorLease::drew() const {
+  return !(CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator()) == installed_);
+}
+
+bool default_generator_covered() { return policy_ != kUncovered; }
+
+bool free_of_draws() { return policy_ == kFree; }
+
+FreeOfDrawsScope::FreeOfDrawsScope() : previous_policy_(policy_) {
+  if (policy_ == kUncovered) policy_ = kFree;
+}
+
+FreeOfDrawsScope::~FreeOfDrawsScope() { policy_ = previous_policy_; }
 
 at::Generator clone_generator(const at::Generator& generator) {
   at::Generator gen = generator;

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <thread>
 #include <tuple>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/rng.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/util/error_context.h"
 #include "skip_traffic.h"
@@ -257,7 +259,18 @@ class Executor {
       for (size_t k = 0; k < b.size(); ++k) st.skips.stash(l->keys[k], b[k]);
       st.skip_in.push_back(std::move(b));
     }
-    Batch out = chunk(a).forward(st.input, a.micro_batch, st.skips);
+    Batch out;
+    {
+      // Draws of torch::dropout, torch::rand, nested Dropouts: from this stage's stream alone,
+      // so checkpoints recompute them and ranks sharing a process do not interleave.
+      std::optional<DefaultGeneratorLease> lease;
+      if (s_.rng_stream.defined()) {
+        lease.emplace(s_.rng_stream);
+      } else {
+        lease.emplace();
+      }
+      out = chunk(a).forward(st.input, a.micro_batch, st.skips);
+    }
     st.skip_out.clear();
     for (const SkipLink* l : skips_.out_links(a.chunk)) {
       std::vector<torch::Tensor> stashed;

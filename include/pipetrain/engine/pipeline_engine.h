@@ -123,6 +123,9 @@ class PipelineEngine {
   const StepStats& last_step() const { return last_; }
   // The last train_batch's actions on this rank (seconds on the host clock).
   const std::vector<schedule::TimedEvent>& last_events() const { return last_events_; }
+  // The stream this rank's random ops draw from (lent as the default CPU generator during each
+  // forward): a copy of the default generator when the engine was built, saved in checkpoints.
+  at::Generator random_stream() const { return rng_stream_; }
   // Collective over this replica's pipeline: every stage's events of the last step, rows =
   // stages, times from the step's start.
   std::vector<schedule::TimedEvent> gather_events() { return gather_events(last_events_); }
@@ -172,7 +175,8 @@ class PipelineEngine {
   StepStats last_;
   double step_loss_ = 0;
   std::vector<schedule::TimedEvent> last_events_;
-  std::vector<double> clock_offsets_;  // per pipeline-group member, on the first stage's clock
+  std::vector<double> clock_offsets_;
+  at::Generator rng_stream_;  // per pipeline-group member, on the first stage's clock
 };
 
 }  // namespace pipetrain

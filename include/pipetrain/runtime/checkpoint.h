@@ -11,11 +11,14 @@
 // graph even when no input requires grad (the first partition's input), so the parameters used
 // by fn still get their gradients.
 //
-// RNG: when a task generator is installed (runtime/rng.h; GPipe does this per task), its state
-// is copied at forward and installed again for the recomputation, which therefore draws exactly
-// the same numbers whatever other threads do. Otherwise the default generators' states are
-// captured at forward and restored around the recomputation (torch.utils.checkpoint's rule),
-// which reproduces the draws only if no other thread drew in between.
+// RNG: every random op repeats its draws on recomputation, as torchgpipe's RNG-state restore
+// does. runtime::Dropout draws from the thread's task generator (runtime/rng.h), whose state is
+// copied at forward and installed again for the recomputation. Every other op (torch::dropout,
+// torch::rand, a Dropout nested in a custom module) draws from the default generators, whose
+// states are captured at forward and restored around the recomputation under a
+// DefaultGeneratorLease, so no other thread draws in between. A thread whose draws nothing
+// else covers (no lease held, no FreeOfDrawsScope) leases the default generator for the
+// checkpointed forward too.
 #pragma once
 
 #include <torch/torch.h>

@@ -25,7 +25,9 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "pipetrain/batch/batch.h"
@@ -35,6 +37,16 @@
 namespace pipetrain::runtime {
 
 // One partition: its layers, its device, and the model index of its first layer (for errors).
+// What a partition's tasks drew from the default CPU generator, learned per mode (eval,
+// train): a task leases the generator (one at a time, process-wide) until a leased run of that
+// partition in that mode drew nothing; from then on its tasks run free and concurrently.
+// A partition that draws only on some inputs must draw in the first one, or through
+// runtime::current_generator().
+struct DrawHistory {
+  enum : int { kUnknown = 0, kDraws = 1, kDrawsNothing = 2 };
+  std::atomic<int> by_mode[2] = {kUnknown, kUnknown};
+};
+
 struct Stage {
   torch::nn::Sequential layers;
   torch::Device device = torch::kCPU;
@@ -42,6 +54,7 @@ struct Stage {
   int64_t first_layer = 0;  // index of layers[0] in the whole model
   // The whole model's skips (shared by its stages); null or empty without skips.
   std::shared_ptr<const skip::SkipPlan> skips;
+  std::shared_ptr<DrawHistory> draws = std::make_shared<DrawHistory>();
 };
 
 // Runs the layers of `stage` on `input` in order.
@@ -53,7 +66,10 @@ Batch forward_stage(const Stage& stage, const Batch& input);
 // Skips: micro-batch i's stashed tensors wait in its own tracker between the stage that
 // stashes them and the stage that pops them, which moves them to its device (directly, not
 // through the stages in between); see runtime/skip_range.h for checkpointed stages.
+// Each task must finish within `task_timeout_s` of its tick's start: a later one is a
+// TimeoutError naming partition and micro-batch, the pool is abandoned (WorkerPool::abandon;
+// the caller must not reuse it) and the late task, which owns what it uses, runs on alone.
 void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
-                  int64_t checkpoint_stop, uint64_t seed, WorkerPool& workers);
+                  int64_t checkpoint_stop, uint64_t seed, WorkerPool& workers, double task_timeout_s);
 
 }  // namespace pipetrain::runtime

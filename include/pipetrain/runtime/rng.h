@@ -12,24 +12,45 @@
 
 #include <torch/torch.h>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace pipetrain::runtime {
 
+// Where a CPU generator is in its stream: equal positions mean nothing drew in between.
+struct CpuGeneratorPosition {
+  int left = 0;
+  uint32_t next = 0;
+  std::array<uint32_t, 624> words{};
+  std::optional<float> cached_float;
+  std::optional<double> cached_double;
+
+  static CpuGeneratorPosition of(const at::Generator& cpu_generator);
+  bool operator==(const CpuGeneratorPosition& other) const;
+};
+
 // The default generators' states (CPU, and every CUDA device when there is one).
 struct RngSnapshot {
   torch::Tensor cpu;                // state of at::detail::getDefaultCPUGenerator()
+  CpuGeneratorPosition cpu_position;
   std::vector<torch::Tensor> cuda;  // one per CUDA device; empty without CUDA
 
   static RngSnapshot capture();
   // Puts every captured state back (a default snapshot restores nothing).
   void restore() const;
+  // Whether a generator's state now differs from the captured one (something drew).
+  bool moved_since() const;
 };
 
 // The process-wide lock around seeded sections of the default CPU generator.
-std::recursive_mutex& rng_mutex();
+std::recursive_timed_mutex& rng_mutex();
+// How long a lease or seeded scope waits for the lock before a TimeoutError: a task that hung
+// while holding it (GPipe gives such a task up, runtime/pipeline.h) must not hang the rest.
+inline constexpr std::chrono::seconds kRngLockTimeout{300};
 
 // Runs the scope with the default CPU generator seeded to `seed`, then puts back the previous
 // state. Holds a process-wide mutex, so threads that build layers concurrently do not
@@ -42,7 +63,7 @@ class SeededScope {
   SeededScope& operator=(const SeededScope&) = delete;
 
  private:
-  std::unique_lock<std::recursive_mutex> lock_;
+  std::unique_lock<std::recursive_timed_mutex> lock_;
   torch::Tensor saved_cpu_;
 };
 
@@ -65,6 +86,53 @@ class TaskGeneratorScope {
 
  private:
   at::Generator previous_;
+};
+
+// Lends the process's default CPU generator to this thread for the scope (under rng_mutex(),
+// so no other leasing thread draws from it meanwhile). torch::dropout, torch::rand, a Dropout
+// nested in a custom module: every op that draws without an explicit generator draws from the
+// default one, so only a lease makes those draws reproducible while other threads run.
+//   DefaultGeneratorLease()        lends it as it is (the engine: one stream per process)
+//   DefaultGeneratorLease(stream)  lends it starting from `stream`'s state; at the end the
+//                                  stream takes the state the draws left and the default
+//                                  generator gets its own back (GPipe: one stream per task)
+class DefaultGeneratorLease {
+ public:
+  DefaultGeneratorLease();
+  explicit DefaultGeneratorLease(at::Generator stream);
+  ~DefaultGeneratorLease();
+  DefaultGeneratorLease(const DefaultGeneratorLease&) = delete;
+  DefaultGeneratorLease& operator=(const DefaultGeneratorLease&) = delete;
+
+  // Whether anything drew from the default generator since the lease began.
+  bool drew() const;
+
+ private:
+  std::unique_lock<std::recursive_timed_mutex> lock_;
+  at::Generator stream_;
+  torch::Tensor saved_;             // the default generator's own state (stream leases)
+  CpuGeneratorPosition installed_;  // where it was when the lease began
+  int previous_policy_;
+};
+
+// Whether this thread's draws from the default generator are already taken care of: it holds a
+// lease, or runs a task known not to draw (FreeOfDrawsScope). Checkpoints take a lease otherwise.
+bool default_generator_covered();
+
+// Whether this thread runs in a FreeOfDrawsScope (and holds no lease inside it).
+bool free_of_draws();
+
+// Marks the scope as a task that draws nothing from the default generator (GPipe learned so
+// from its earlier runs), so that checkpoints inside need no lease and tasks stay concurrent.
+class FreeOfDrawsScope {
+ public:
+  FreeOfDrawsScope();
+  ~FreeOfDrawsScope();
+  FreeOfDrawsScope(const FreeOfDrawsScope&) = delete;
+  FreeOfDrawsScope& operator=(const FreeOfDrawsScope&) = delete;
+
+ private:
+  int previous_policy_;
 };
 
 // A copy of a generator's state as a new generator (locks the source while copying).

@@ -52,6 +52,10 @@ struct StageStep {
   std::function<void(schedule::Op, const StageStepResult& so_far)> on_step_op;
   // Seconds on a steady clock (one per host; the engine aligns hosts' clocks), for the trace.
   std::function<double()> clock;
+  // Lent as the default CPU generator during each forward (runtime/rng.h): the stage's random
+  // ops draw from it whatever other threads of the process do. Undefined: the default
+  // generator is lent as it is.
+  at::Generator rng_stream;
   // The model's skip links (runtime/skip_links.h); null or empty without skips between parts.
   const std::vector<SkipLink>* skip_links = nullptr;
 };
