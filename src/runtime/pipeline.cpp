@@ -29,14 +29,7 @@ Batch run_task(const Stage& stage, const Batch& input, int64_t i, bool checkpoin
   // Ops that draw from the default generator (torch::dropout, a Dropout inside a custom module,
   // torch::rand) get a stream of their own per task, apart from runtime::Dropout's, under a
   // lease: the same masks whatever the timing, and checkpoints recompute them exactly.
-  std::atomic<int>& history = stage.draws->by_mode[stage.layers->is_training() ? 1 : 0];
-  std::optional<DefaultGeneratorLease> lease;
-  std::optional<FreeOfDrawsScope> free;
-  if (history.load() == DrawHistory::kDrawsNothing) {
-    free.emplace();
-  } else {
-    lease.emplace(make_generator(task_seed(~seed, i, stage.index)));
-  }
+  LearnedLease lease(*stage.draws, stage.layers->is_training(), make_generator(task_seed(~seed, i, stage.index)));
   static const skip::SkipPlan no_skips;
   const skip::SkipPlan& plan = stage.skips ? *stage.skips : no_skips;
   const int64_t first = stage.first_layer;
@@ -51,9 +44,7 @@ Batch run_task(const Stage& stage, const Batch& input, int64_t i, bool checkpoin
     DeviceScope device(stage.device);
     return forward_stage(stage, x);
   };
-  Batch out = run_with_skips(plan, first, last, input, tracker, checkpoint, run);
-  if (lease) history.store(lease->drew() ? DrawHistory::kDraws : DrawHistory::kDrawsNothing);
-  return out;
+  return run_with_skips(plan, first, last, input, tracker, checkpoint, run);
 }
 
 }  // namespace

@@ -162,6 +162,23 @@ FreeOfDrawsScope::FreeOfDrawsScope() : previous_policy_(policy_) {
 
 FreeOfDrawsScope::~FreeOfDrawsScope() { policy_ = previous_policy_; }
 
+LearnedLease::LearnedLease(DrawHistory& history, bool training, at::Generator stream)
+    : slot_(history.by_mode[training ? 1 : 0]), exceptions_(std::uncaught_exceptions()) {
+  if (slot_.load() == DrawHistory::kDrawsNothing) {
+    free_.emplace();
+  } else if (stream.defined()) {
+    lease_.emplace(std::move(stream));
+  } else {
+    lease_.emplace();
+  }
+}
+
+LearnedLease::~LearnedLease() {
+  if (lease_ && std::uncaught_exceptions() == exceptions_) {
+    slot_.store(lease_->drew() ? DrawHistory::kDraws : DrawHistory::kDrawsNothing);
+  }
+}
+
 at::Generator clone_generator(const at::Generator& generator) {
   at::Generator gen = generator;
   std::lock_guard<std::mutex> lock(gen.mutex());

@@ -262,13 +262,9 @@ class Executor {
     Batch out;
     {
       // Draws of torch::dropout, torch::rand, nested Dropouts: from this stage's stream alone,
-      // so checkpoints recompute them and ranks sharing a process do not interleave.
-      std::optional<DefaultGeneratorLease> lease;
-      if (s_.rng_stream.defined()) {
-        lease.emplace(s_.rng_stream);
-      } else {
-        lease.emplace();
-      }
+      // so checkpoints recompute them and ranks sharing a process do not interleave (a chunk
+      // seen to draw nothing runs free, concurrently with other ranks' threads).
+      LearnedLease lease(chunk(a).draws(), s_.training, s_.rng_stream);
       out = chunk(a).forward(st.input, a.micro_batch, st.skips);
     }
     st.skip_out.clear();

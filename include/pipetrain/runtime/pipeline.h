@@ -31,22 +31,13 @@
 #include <vector>
 
 #include "pipetrain/batch/batch.h"
+#include "pipetrain/runtime/rng.h"
 #include "pipetrain/runtime/worker.h"
 #include "pipetrain/skip/plan.h"
 
 namespace pipetrain::runtime {
 
 // One partition: its layers, its device, and the model index of its first layer (for errors).
-// What a partition's tasks drew from the default CPU generator, learned per mode (eval,
-// train): a task leases the generator (one at a time, process-wide) until a leased run of that
-// partition in that mode drew nothing; from then on its tasks run free and concurrently.
-// A partition that draws only on some inputs must draw in the first one, or through
-// runtime::current_generator().
-struct DrawHistory {
-  enum : int { kUnknown = 0, kDraws = 1, kDrawsNothing = 2 };
-  std::atomic<int> by_mode[2] = {kUnknown, kUnknown};
-};
-
 struct Stage {
   torch::nn::Sequential layers;
   torch::Device device = torch::kCPU;
@@ -54,7 +45,7 @@ struct Stage {
   int64_t first_layer = 0;  // index of layers[0] in the whole model
   // The whole model's skips (shared by its stages); null or empty without skips.
   std::shared_ptr<const skip::SkipPlan> skips;
-  std::shared_ptr<DrawHistory> draws = std::make_shared<DrawHistory>();
+  std::shared_ptr<DrawHistory> draws = std::make_shared<DrawHistory>();  // runtime/rng.h
 };
 
 // Runs the layers of `stage` on `input` in order.

@@ -13,7 +13,9 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <exception>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -133,6 +135,32 @@ class FreeOfDrawsScope {
 
  private:
   int previous_policy_;
+};
+
+// What a model part's forwards drew from the default CPU generator, learned per mode (eval,
+// train): its forwards lease the generator (one at a time, process-wide) until a leased run in
+// that mode drew nothing; from then on they run free and concurrently with other parts. A
+// part that draws only on some inputs must draw on the first, or through current_generator().
+struct DrawHistory {
+  enum : int { kUnknown = 0, kDraws = 1, kDrawsNothing = 2 };
+  std::atomic<int> by_mode[2] = {kUnknown, kUnknown};
+};
+
+// One forward of a part under its DrawHistory: leases the default generator (from `stream`
+// when defined, else as it is) or marks the scope free of draws; on a normal exit a leased
+// forward records whether it drew.
+class LearnedLease {
+ public:
+  LearnedLease(DrawHistory& history, bool training, at::Generator stream);
+  ~LearnedLease();
+  LearnedLease(const LearnedLease&) = delete;
+  LearnedLease& operator=(const LearnedLease&) = delete;
+
+ private:
+  std::atomic<int>& slot_;
+  std::optional<DefaultGeneratorLease> lease_;
+  std::optional<FreeOfDrawsScope> free_;
+  int exceptions_;
 };
 
 // A copy of a generator's state as a new generator (locks the source while copying).

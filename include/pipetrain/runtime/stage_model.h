@@ -2,6 +2,8 @@
 // checkpointing every N layers (DeepSpeed's activation_checkpoint_interval).
 #pragma once
 
+#include "pipetrain/runtime/rng.h"
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -75,8 +77,13 @@ class StageModel {
   int64_t num_deferred_linear() const { return static_cast<int64_t>(deferred_.size()); }
   void train(bool on);
 
+  // What this chunk's forwards drew from the default generator (the executor's leases).
+  DrawHistory& draws() { return draws_; }
+
  private:
   Batch run_range(int64_t first, int64_t last, const Batch& input, int64_t mb);
+
+  DrawHistory draws_;
 
   BuiltLayers layers_;
   StageModelOptions options_;
