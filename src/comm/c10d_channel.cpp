@@ -155,7 +155,7 @@ std::string what_of(const std::exception& e) {
 
 }  // namespace
 
-C10dChannel::C10dChannel(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int world_size,
+C10dChannel::C10dChannel(ProcessGroupPtr pg, int rank, int world_size,
                          CommOptions options, std::shared_ptr<FaultState> faults)
     : pg_(std::move(pg)),
       rank_(rank),

@@ -25,7 +25,7 @@
 #include <optional>
 #include <thread>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include "c10d_compat.h"
 
 #include "c10d_recv_stream.h"
 #include "fault_state.h"
@@ -38,7 +38,7 @@ namespace pipetrain::comm::detail {
 
 class C10dChannel final : public Channel, public std::enable_shared_from_this<C10dChannel> {
  public:
-  C10dChannel(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int world_size,
+  C10dChannel(ProcessGroupPtr pg, int rank, int world_size,
               CommOptions options, std::shared_ptr<FaultState> faults);
   ~C10dChannel() override;
 
@@ -67,7 +67,7 @@ class C10dChannel final : public Channel, public std::enable_shared_from_this<C1
   void mark_broken(std::exception_ptr error);
   Completer& completer(int dst);
 
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  ProcessGroupPtr pg_;
   int rank_;
   int world_size_;
   CommOptions options_;

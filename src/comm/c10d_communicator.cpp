@@ -4,6 +4,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "c10d_compat.h"
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -41,6 +43,7 @@ c10::intrusive_ptr<c10d::Store> open_store(const RankInfo& info, const CommOptio
   so.isServer = info.rank == 0;
   so.numWorkers = static_cast<size_t>(info.world_size);
   so.waitWorkers = false;  // the process groups below wait for every rank anyway
+  use_plain_socket_store(so);
   // TCPStore's own connection (also rank 0's to itself) retries once a second: give it at
   // least a few tries. Waiting for the other ranks uses connect_timeout explicitly.
   so.timeout = std::max(options.connect_timeout(), std::chrono::milliseconds(5000));
@@ -95,7 +98,7 @@ class C10dCommunicator final : public Communicator {
       auto pg = make_pg("p2p", all, info.rank, p2p_device_);
       channel_ = std::make_shared<C10dChannel>(pg, info.rank, info.world_size, options_, faults_);
     } else {
-      channel_ = std::make_shared<C10dChannel>(c10::intrusive_ptr<c10d::ProcessGroup>(), 0, 1, options_, faults_);
+      channel_ = std::make_shared<C10dChannel>(ProcessGroupPtr(), 0, 1, options_, faults_);
     }
     world_ = new_group({"world", all});
     util::set_log_rank(info.rank);
@@ -147,7 +150,7 @@ class C10dCommunicator final : public Communicator {
     if (spec.ranks.size() == 1) return std::make_shared<SoloGroup>(spec, options_.bucket_bytes());
     const int index = static_cast<int>(std::lower_bound(spec.ranks.begin(), spec.ranks.end(), info_.rank) -
                                        spec.ranks.begin());
-    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    ProcessGroupPtr pg;
 #ifdef USE_C10D_NCCL
     if (options_.backend() == Backend::Nccl) {
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
@@ -174,7 +177,7 @@ class C10dCommunicator final : public Communicator {
   }
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroup> make_pg(const std::string& name, const std::vector<int>& ranks,
+  ProcessGroupPtr make_pg(const std::string& name, const std::vector<int>& ranks,
                                                  int index,
                                                  const std::shared_ptr<::gloo::transport::Device>& device) {
     auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout());

@@ -39,7 +39,7 @@ std::string bytes_text(int64_t bytes) {
 
 }  // namespace
 
-C10dGroup::C10dGroup(c10::intrusive_ptr<c10d::ProcessGroup> pg, GroupSpec spec, int global_rank,
+C10dGroup::C10dGroup(ProcessGroupPtr pg, GroupSpec spec, int global_rank,
                      CommOptions options, std::shared_ptr<FaultState> faults)
     : pg_(std::move(pg)),
       spec_(std::move(spec)),

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include "c10d_compat.h"
 
 #include "fault_state.h"
 #include "work_wait.h"
@@ -15,7 +15,7 @@ namespace pipetrain::comm::detail {
 
 class C10dGroup final : public Group {
  public:
-  C10dGroup(c10::intrusive_ptr<c10d::ProcessGroup> pg, GroupSpec spec, int global_rank,
+  C10dGroup(ProcessGroupPtr pg, GroupSpec spec, int global_rank,
             CommOptions options, std::shared_ptr<FaultState> faults);
   ~C10dGroup() override;
 
@@ -33,7 +33,7 @@ class C10dGroup final : public Group {
   template <typename Start>
   void run(const std::string& what, const std::string& detail, Start&& start);
 
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  ProcessGroupPtr pg_;
   GroupSpec spec_;
   int global_rank_;
   CommOptions options_;

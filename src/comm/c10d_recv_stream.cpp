@@ -24,7 +24,7 @@ std::string what_of(std::exception_ptr e) {
 
 }  // namespace
 
-RecvStream::RecvStream(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int src, uint32_t code, TagFn tag,
+RecvStream::RecvStream(ProcessGroupPtr pg, int rank, int src, uint32_t code, TagFn tag,
                        const CommOptions& options, std::shared_ptr<FaultState> faults,
                        std::function<void(std::exception_ptr)> on_error)
     : pg_(std::move(pg)),

@@ -15,7 +15,7 @@
 #include <optional>
 #include <thread>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include "c10d_compat.h"
 
 #include "fault_state.h"
 #include "pipetrain/batch/batch.h"
@@ -61,7 +61,7 @@ struct PendingRecv {
 class RecvStream {
  public:
   using TagFn = std::function<int(size_t slot)>;
-  RecvStream(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int src, uint32_t code, TagFn tag,
+  RecvStream(ProcessGroupPtr pg, int rank, int src, uint32_t code, TagFn tag,
              const CommOptions& options, std::shared_ptr<FaultState> faults,
              std::function<void(std::exception_ptr)> on_error);
   ~RecvStream();
@@ -82,7 +82,7 @@ class RecvStream {
   void post_spec(PendingRecv& p);
   c10::intrusive_ptr<c10d::Work> post_bytes(torch::Tensor& buffer, int64_t bytes, size_t slot);
 
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  ProcessGroupPtr pg_;
   int rank_;
   int src_;
   uint32_t code_;

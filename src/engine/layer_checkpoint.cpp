@@ -13,6 +13,7 @@
 #include <set>
 
 #include "checkpoint_fault.h"
+#include "optimizer_compat.h"
 #include "pipetrain/error.h"
 
 namespace pipetrain {
@@ -64,7 +65,7 @@ void load_rng_state(at::Generator gen, const fs::path& path) {
   gen.set_state(state);
 }
 
-std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+using detail::optimizer_state_key;
 
 // An empty per-parameter state of the optimizer `type` (make_optimizer's names), to load into.
 std::unique_ptr<torch::optim::OptimizerParamState> empty_state(const std::string& type) {
@@ -86,7 +87,7 @@ bool save_optimizer_state(const torch::optim::Optimizer& optimizer, const torch:
   torch::serialize::OutputArchive archive;
   bool any = false;
   for (size_t i = 0; i < params.size(); ++i) {
-    const auto it = state.find(state_key(params[i]));
+    const auto it = state.find(optimizer_state_key(params[i]));
     if (it == state.end()) continue;
     torch::serialize::OutputArchive one;
     it->second->serialize(one);
@@ -198,7 +199,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
       if (!archive.try_read("param_" + std::to_string(i), one)) continue;
       auto state = empty_state(type);
       state->serialize(one);
-      optimizer.state()[state_key(params[i])] = std::move(state);
+      optimizer.state()[optimizer_state_key(params[i])] = std::move(state);
     }
   } catch (const c10::Error& e) {
     throw CheckpointError(fmt::format("optimizer state of layer {} does not match {}: {}", layer, path.string(),

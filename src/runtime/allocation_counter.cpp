@@ -1,14 +1,16 @@
 // Counts live CPU allocations through the allocator's memory reporting hook.
 #include "pipetrain/runtime/allocation_counter.h"
 
+#include "torch_compat.h"
+
 namespace pipetrain::runtime {
 
 struct AllocationCounter::Reporter : c10::MemoryReportingInfoBase {
   std::atomic<int64_t> live{0};
   std::atomic<int64_t> peak{0};
 
-  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, int64_t /*total_allocated*/,
-                         int64_t /*total_reserved*/, c10::Device device) override {
+  void reportMemoryUsage(void* /*ptr*/, int64_t alloc_size, detail::MemoryTotal /*total_allocated*/,
+                         detail::MemoryTotal /*total_reserved*/, c10::Device device) override {
     if (!device.is_cpu()) return;
     const int64_t now = live.fetch_add(alloc_size) + alloc_size;
     int64_t seen = peak.load();

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "engine/engine_models.h"
+#include "engine/optimizer_compat.h"
 #include "pipetrain/engine/gpipe.h"
 #include "engine/engine_oracle.h"
 
@@ -266,7 +267,7 @@ TEST_F(LayerCheckpoint, OneProcessLoadsOptimizerStateAndRefusesAnotherType) {
   ASSERT_EQ(adam.state().size(), built.parameters().size());
   for (const auto& p : built.parameters()) {
     const auto& state = static_cast<const torch::optim::AdamParamState&>(
-        *adam.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+        *adam.state().at(detail::optimizer_state_key(p)));
     EXPECT_EQ(state.step(), 2);
     EXPECT_GT(state.exp_avg_sq().sum().item<double>(), 0.0);
   }
