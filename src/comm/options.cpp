@@ -42,6 +42,14 @@ void CommOptions::validate() const {
 #endif
 }
 
+bool nccl_available() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string format_duration(std::chrono::milliseconds d) {
   const auto ms = d.count();
   if (ms < 1000) return std::to_string(ms) + " ms";

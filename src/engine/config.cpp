@@ -193,6 +193,15 @@ PipelineConfig read_pipeline(ObjectReader& reader) {
   p.on_nonfinite_loss = reader.string("on_nonfinite_loss", p.on_nonfinite_loss, {"error", "skip"});
   p.deferred_linear = reader.boolean("deferred_linear", p.deferred_linear);
   p.gemm_kernel = reader.string("gemm_kernel", p.gemm_kernel, {"auto", "native", "onednn", "blas"});
+  p.device = reader.string("device", p.device);
+  {
+    const auto& d = p.device;
+    const bool cuda_n = d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+                        d.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (!(d == "auto" || d == "cpu" || d == "cuda" || cuda_n)) {
+      reader.fail("pipeline.device", "is \"" + d + "\"; expected auto, cpu, cuda or cuda:N");
+    }
+  }
   const auto& m = p.partition_method;
   if (!(m == "parameters" || m == "uniform" || m == "balance" || m.rfind("type:", 0) == 0)) {
     reader.fail("pipeline.partition_method",
@@ -327,7 +336,8 @@ std::string EngineConfig::to_json_text() const {
             {"comm_timeout_s", pipeline.comm_timeout_s},
             {"on_nonfinite_loss", pipeline.on_nonfinite_loss},
             {"deferred_linear", pipeline.deferred_linear},
-            {"gemm_kernel", pipeline.gemm_kernel}};
+            {"gemm_kernel", pipeline.gemm_kernel},
+            {"device", pipeline.device}};
   if (!pipeline.balance.empty()) p["balance"] = pipeline.balance;
   j["pipeline"] = p;
   return j.dump(2);

@@ -1,20 +1,21 @@
 // PipelineEngine: construction, train_batch and eval_batch.
 #include "pipetrain/engine/pipeline_engine.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <set>
 
+#include "pipetrain/comm/clock_sync.h"
 #include "pipetrain/comm/rank_info.h"
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/engine/optimizer.h"
 #include "pipetrain/error.h"
-#include <ATen/CPUGeneratorImpl.h>
-
-#include "pipetrain/comm/clock_sync.h"
+#include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/gemm.h"
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/schedule/defer_weights.h"
@@ -27,6 +28,15 @@ namespace {
 
 // Steady: a step's duration and its events must not jump when NTP steps the wall clock.
 double wall_seconds() { return comm::steady_seconds(); }
+
+// This process's index among the ranks of its host, as the launcher set it (0 when none did:
+// ranks that share a process as threads share its devices).
+int local_rank() {
+  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return 0;
+}
 
 int resolve_stages(const PipelineModule& module, const EngineConfig& config, int world) {
   const int64_t from_module = module.num_stages;
@@ -75,6 +85,8 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
     rng_stream_ = runtime::clone_generator(at::detail::getDefaultCPUGenerator());
   }
 
+  device_ = runtime::resolve_device(config_.pipeline.device, local_rank());
+
   train_schedule_ = make_train_schedule(config_, topology_.stages());
   const auto& layout = train_schedule_.layout;
   balance_ = partition_layers(module_.layers, config_.pipeline, layout.num_virtual_stages());
@@ -91,6 +103,10 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   for (int c = 0; c < layout.num_chunks(); ++c) {
     const int v = layout.virtual_stage(stage(), c);
     auto built = build_seeded_layers(module_.layers, offsets_[v], offsets_[v + 1], config_.seed);
+    // Built on the CPU under the seed (the same weights whatever the device), then moved.
+    if (!device_.is_cpu()) {
+      for (auto& m : built.modules) m.ptr()->to(device_);
+    }
     // A stage holding one tied key in two chunks (ZB-V's first and last part) uses one module.
     for (size_t i = 0; i < built.specs.size(); ++i) {
       const auto& key = built.specs[i].tied_key;
@@ -140,6 +156,11 @@ std::shared_ptr<comm::Communicator> PipelineEngine::connect_from_env(const Engin
   util::set_log_rank(info.rank);
   comm::CommOptions options;
   options.timeout(std::chrono::milliseconds(static_cast<int64_t>(config.pipeline.comm_timeout_s * 1000)));
+  // Received activations land on the stage's device; collectives of CUDA tensors run over NCCL
+  // where this LibTorch has it (Gloo moves host memory).
+  const torch::Device device = runtime::resolve_device(config.pipeline.device, info.local_rank);
+  options.device(device);
+  if (device.is_cuda() && comm::nccl_available()) options.backend(comm::Backend::Nccl);
   return std::shared_ptr<comm::Communicator>(comm::connect(info, options));
 }
 
@@ -234,6 +255,7 @@ runtime::StageStep PipelineEngine::make_step(const schedule::Schedule& sched,
   s.training = training;
   s.clock = wall_seconds;
   s.rng_stream = rng_stream_;
+  s.device = device_;
   s.skip_links = &skip_links_;
   return s;
 }

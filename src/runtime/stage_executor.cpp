@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/schedule/lower.h"
 #include "pipetrain/util/error_context.h"
@@ -141,7 +142,7 @@ class Executor {
         }
         if (first(a)) {
           auto& st = state(a);
-          st.input = (*s_.data)[a.micro_batch].inputs;
+          st.input = copy_to((*s_.data)[a.micro_batch].inputs, s_.device);
           st.has_input = true;
         }
         return i + 1;
@@ -289,7 +290,7 @@ class Executor {
       result_.outputs[a.micro_batch] = out.with(std::move(detached));
     }
     if (!s_.loss) return;
-    const Batch& labels = (*s_.data)[a.micro_batch].labels;
+    const Batch labels = copy_to((*s_.data)[a.micro_batch].labels, s_.device);
     torch::Tensor loss;
     try {
       loss = s_.loss(out, labels);

@@ -77,6 +77,12 @@ TEST_F(TrainCommand, MlpShortRunWritesSummaryAndRunDirectory) {
   EXPECT_GE(s["bubble_measured"].get<double>(), 0);
   EXPECT_GT(s["bubble_simulated"].get<double>(), 0);
   EXPECT_EQ(s["ranks"].size(), 2u);
+  // No GPU here: pipeline.device "auto" is the CPU, which has no allocator statistics.
+  EXPECT_EQ(s["device"], torch::cuda::is_available() ? "cuda:0" : "cpu");
+  for (const auto& rank : s["ranks"]) {
+    EXPECT_GT(rank["peak_memory_mb"].get<double>(), 0);
+    EXPECT_EQ(rank["peak_device_memory_mb"].is_null(), !torch::cuda::is_available());
+  }
   expect_run_files();
   std::ifstream metrics(dir_ / "metrics.jsonl");
   int lines = 0;

@@ -26,7 +26,7 @@ TEST(EngineConfig, ReadsDeepSpeedKeys) {
     "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.8, 0.9], "weight_decay": 0.1}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001, "warmup_num_steps": 10}},
     "pipeline": {"activation_checkpoint_interval": 2, "schedule": "zb-h1", "partition_method": "type:Linear",
-                 "comm_timeout_s": 5, "on_nonfinite_loss": "skip"}})");
+                 "comm_timeout_s": 5, "on_nonfinite_loss": "skip", "device": "cuda:1"}})");
   EXPECT_EQ(c.train_batch_size, 256);
   EXPECT_EQ(c.gradient_accumulation_steps, 8);
   EXPECT_EQ(c.steps_per_print, 5);
@@ -39,6 +39,8 @@ TEST(EngineConfig, ReadsDeepSpeedKeys) {
   EXPECT_EQ(c.pipeline.schedule, "zb-h1");
   EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 2);
   EXPECT_EQ(c.pipeline.on_nonfinite_loss, "skip");
+  EXPECT_EQ(c.pipeline.device, "cuda:1");
+  EXPECT_EQ(EngineConfig::from_json_text("{}").pipeline.device, "auto");
   c.resolve_batch_sizes(1);
   // The document it writes reads back to the same settings.
   auto again = EngineConfig::from_json_text(c.to_json_text());
@@ -64,6 +66,11 @@ TEST(EngineConfig, WrongTypesAndValuesAreNamed) {
   EXPECT_NE(error_of(R"({"pipeline": {"partition_method": "balance"}})").find("pipeline.balance"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"pipeline": {"balance": [2, 0]}})").find("pipeline.balance"), std::string::npos);
+  for (const char* bad : {"gpu", "cuda:", "cuda:one", "CPU"}) {
+    const auto e = error_of(std::string(R"({"pipeline": {"device": ")") + bad + "\"}}");
+    EXPECT_NE(e.find("pipeline.device"), std::string::npos) << e;
+    EXPECT_NE(e.find("expected auto, cpu, cuda or cuda:N"), std::string::npos) << e;
+  }
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(error_of("[1, 2]").find("must be a JSON object"), std::string::npos);
 }

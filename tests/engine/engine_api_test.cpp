@@ -89,6 +89,21 @@ TEST(EngineApi, EvalBatchMatchesForwardWithoutTouchingGradients) {
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
+TEST(EngineApi, DeviceSettingPlacesTheStage) {
+  auto config = small_config(2);
+  config.pipeline.device = "cpu";
+  auto errors = on_ranks(1, config, [] { return mlp(6, 8, 3, 2); }, [](PipelineEngine& engine, int) {
+    EXPECT_EQ(engine.device(), torch::Device(torch::kCPU));
+    for (const auto& p : engine.parameters()) EXPECT_TRUE(p.device().is_cpu());
+  });
+  EXPECT_EQ(errors[0], "");
+  if (torch::cuda::is_available()) GTEST_SKIP() << "the refusal below needs a machine without CUDA";
+  config.pipeline.device = "cuda";
+  errors = on_ranks(1, config, [] { return mlp(6, 8, 3, 2); }, [](PipelineEngine&, int) {});
+  EXPECT_NE(errors[0].find("DeviceError"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("use \"auto\" or \"cpu\""), std::string::npos) << errors[0];
+}
+
 TEST(EngineApi, ForwardBackwardStepPointToTrainBatch) {
   auto errors = on_ranks(1, small_config(2), [] { return mlp(6, 8, 3, 2); }, [](PipelineEngine& engine, int) {
     try {

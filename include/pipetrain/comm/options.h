@@ -24,6 +24,8 @@ constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
 // CUDA (USE_C10D_NCCL); the point-to-point channel always runs over Gloo and stages CUDA
 // tensors through host memory.
 enum class Backend { Gloo, Nccl };
+// Whether this LibTorch has c10d's NCCL backend (built with CUDA and USE_C10D_NCCL).
+bool nccl_available();
 
 // Names a rank in messages: "rank 3" by default, "stage 1 (rank 3)" with a topology.
 using RankNamer = std::function<std::string(int rank)>;

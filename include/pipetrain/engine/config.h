@@ -60,6 +60,9 @@ struct PipelineConfig {
   // Linear layers run the fused, deferred weight-gradient path (runtime/deferred_linear.h).
   bool deferred_linear = true;
   std::string gemm_kernel = "auto";  // auto | blas | onednn: the GEMM of that path
+  // Where this rank's layers run: auto (cuda:LOCAL_RANK where CUDA is available, else cpu),
+  // cpu, cuda or cuda:N (runtime::resolve_device).
+  std::string device = "auto";
 };
 
 struct EngineConfig {

@@ -126,6 +126,8 @@ class PipelineEngine {
   // The stream this rank's random ops draw from (lent as the default CPU generator during each
   // forward): a copy of the default generator when the engine was built, saved in checkpoints.
   at::Generator random_stream() const { return rng_stream_; }
+  // Where this rank's layers and activations live (pipeline.device, resolved for LOCAL_RANK).
+  torch::Device device() const { return device_; }
   // Collective over this replica's pipeline: every stage's events of the last step, rows =
   // stages, times from the step's start.
   std::vector<schedule::TimedEvent> gather_events() { return gather_events(last_events_); }
@@ -176,7 +178,8 @@ class PipelineEngine {
   double step_loss_ = 0;
   std::vector<schedule::TimedEvent> last_events_;
   std::vector<double> clock_offsets_;
-  at::Generator rng_stream_;  // per pipeline-group member, on the first stage's clock
+  at::Generator rng_stream_;
+  torch::Device device_ = torch::kCPU;  // per pipeline-group member, on the first stage's clock
 };
 
 }  // namespace pipetrain

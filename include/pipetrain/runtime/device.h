@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "pipetrain/batch/batch.h"
@@ -29,5 +31,18 @@ Batch copy_to(const Batch& batch, torch::Device device);
 
 // Every CUDA device, or one CPU device per partition when there is none.
 std::vector<torch::Device> default_devices(int64_t partitions);
+
+// A process's device from a setting (the engine's pipeline.device):
+//   "auto"    cuda:<local_rank % CUDA devices> where CUDA is available, else cpu
+//   "cpu"     the CPU
+//   "cuda"    cuda:<local_rank % CUDA devices>
+//   "cuda:N"  that device
+// DeviceError when CUDA is asked for and absent, or N is not a device; ConfigError for any
+// other text. `cuda_devices` < 0 asks LibTorch how many there are.
+torch::Device resolve_device(const std::string& setting, int local_rank, int64_t cuda_devices = -1);
+
+// Peak bytes the caching allocator has held on `device` since the process started; nullopt
+// where there are no such statistics (the CPU, or a LibTorch built without CUDA).
+std::optional<int64_t> peak_device_memory_bytes(torch::Device device);
 
 }  // namespace pipetrain::runtime

@@ -43,8 +43,10 @@ struct StageStep {
   comm::Channel* channel = nullptr;
   std::function<int(int stage)> rank_of_stage;  // a stage of this replica -> its global rank
   LossFunction loss;                            // needed where the last chunk lives
-  // The step's micro-batches, where this stage loads inputs or labels (empty elsewhere).
+  // The step's micro-batches, where this stage loads inputs or labels (empty elsewhere),
+  // copied to `device` (the stage's) as they are loaded.
   const std::vector<MicroBatch>* data = nullptr;
+  torch::Device device = torch::kCPU;
   bool training = true;
   bool keep_outputs = false;  // eval: return the last chunk's outputs
   // Runs reduce_tied_grads, reduce_grads and optimizer_step; gets the step's result so far

@@ -21,6 +21,7 @@
 #include "apps/train/train_worker.h"
 #include "pipetrain/engine/layer_checkpoint.h"
 #include "pipetrain/engine/pipeline_engine.h"
+#include "pipetrain/runtime/device.h"
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/svg.h"
 #include "pipetrain/schedule/trace.h"
@@ -86,16 +87,25 @@ Evaluation evaluate(PipelineEngine& engine, const examples::Example& ex) {
   return e;
 }
 
-// Peak resident memory of every rank, in MiB, indexed by rank.
-std::vector<double> peak_memory_mb(PipelineEngine& engine) {
+struct PeakMemory {
+  std::vector<double> host_mb;    // peak resident memory, by rank
+  std::vector<double> device_mb;  // peak device allocator memory, by rank; < 0: none (CPU)
+};
+
+// Every rank's peak memory in MiB.
+PeakMemory peak_memory_mb(PipelineEngine& engine) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   auto& comm = engine.communicator();
-  auto t = torch::zeros({comm.world_size()}, torch::kDouble);
-  t[comm.rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  auto t = torch::zeros({2, comm.world_size()}, torch::kDouble);
+  t[0][comm.rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  const auto device = runtime::peak_device_memory_bytes(engine.device());
+  t[1][comm.rank()] = device ? static_cast<double>(*device) / (1024.0 * 1024.0) : -1.0;
   std::vector<torch::Tensor> v{t};
   comm.world().all_reduce(v, comm::ReduceOp::Sum, "peak memory");
-  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  const double* p = t.data_ptr<double>();
+  const auto n = static_cast<size_t>(comm.world_size());
+  return {std::vector<double>(p, p + n), std::vector<double>(p + n, p + 2 * n)};
 }
 
 int64_t total_steps(const TrainArgs& args, const examples::Example& ex) {
@@ -291,9 +301,13 @@ int run_train_worker(const TrainArgs& args) {
       per_rank.push_back({{"rank", r},
                           {"stage", engine.topology().stage_of(r)},
                           {"replica", engine.topology().replica_of(r)},
-                          {"peak_memory_mb", memory[static_cast<size_t>(r)]}});
+                          {"peak_memory_mb", memory.host_mb[static_cast<size_t>(r)]},
+                          {"peak_device_memory_mb", memory.device_mb[static_cast<size_t>(r)] < 0
+                                                        ? json(nullptr)
+                                                        : json(memory.device_mb[static_cast<size_t>(r)])}});
     }
     json summary = {{"example", ex.name},
+                    {"device", engine.device().str()},
                     {"stages", engine.num_stages()},
                     {"replicas", engine.num_replicas()},
                     {"micro_batches", engine.micro_batches()},
