@@ -16,15 +16,21 @@
 #include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/runtime/skip_range.h"
+#include "pipetrain/runtime/stream.h"
+#include "pipetrain/runtime/stream_copy.h"
 
 namespace pipetrain::runtime {
 namespace {
 
 // Micro-batch i through stage j, checkpointed or not; runs on worker j.
-Batch run_task(const Stage& stage, const Batch& input, int64_t i, bool checkpoint, uint64_t seed,
-               const at::ThreadLocalState& caller_state, skip::SkipTracker& tracker) {
+// `arrived_on`: the copy stream the input came on from another device, if it did.
+Batch run_task(const Stage& stage, const Batch& arrived, const std::optional<c10::Stream>& arrived_on, int64_t i,
+               bool checkpoint, uint64_t seed, const at::ThreadLocalState& caller_state,
+               skip::SkipTracker& tracker) {
   at::ThreadLocalStateGuard state(caller_state);
   DeviceScope device(stage.device);
+  // The partition's compute stream waits for the copy that brought its input.
+  const Batch input = arrived_on ? wait_for_copy(arrived, *arrived_on, current_stream(stage.device)) : arrived;
   TaskGeneratorScope rng(make_generator(task_seed(seed, i, stage.index)));
   // Ops that draw from the default generator (torch::dropout, a Dropout inside a custom module,
   // torch::rand) get a stream of their own per task, apart from runtime::Dropout's, under a
@@ -69,6 +75,10 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
   auto trackers = std::make_shared<std::vector<skip::SkipTracker>>(static_cast<size_t>(m));
   const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(task_timeout_s));
+  // torchgpipe's copy streams: one per partition, where activations arrive from the previous
+  // partition's device (on the CPU the one no-op stream).
+  std::vector<c10::Stream> copy_streams;
+  for (const auto& stage : stages) copy_streams.push_back(new_copy_stream(stage.device));
   for (const Tick& tick : clock_cycles(m, n)) {
     std::vector<std::future<Batch>> results;
     results.reserve(tick.size());
@@ -76,10 +86,16 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
       const Stage& stage = stages[j];
       // Backward of (i, j) before (i - 1, j); only where devices run backward concurrently.
       if (i > 0 && !stage.device.is_cpu()) depend(batches[i - 1], batches[i]);
-      Batch input = copy_to(batches[i], stage.device);
+      const bool crossing = j > 0 && stages[j - 1].device != stage.device;
+      Batch input = crossing ? copy_on_stream(batches[i], current_stream(stages[j - 1].device), copy_streams[j])
+                             : copy_to(batches[i], stage.device);
       const bool checkpoint = i < checkpoint_stop;
-      results.push_back(workers.submit<Batch>(j, [stage, caller_state, trackers, input, i, checkpoint, seed] {
-        return run_task(stage, input, i, checkpoint, seed, *caller_state, (*trackers)[static_cast<size_t>(i)]);
+      std::optional<c10::Stream> arrived_on;
+      if (crossing) arrived_on = copy_streams[j];
+      results.push_back(workers.submit<Batch>(j, [stage, caller_state, trackers, input, i, checkpoint, seed,
+                                                  arrived_on] {
+        return run_task(stage, input, arrived_on, i, checkpoint, seed, *caller_state,
+                        (*trackers)[static_cast<size_t>(i)]);
       }));
     }
     // Wait for every task of the tick, even after a failure (none may run on into the next

@@ -172,8 +172,8 @@ inline void expect_same_training(const OracleCase& c, double rtol = 1e-4, double
     }
     const auto& expected = ref.params.at(ref_name);
     ASSERT_EQ(p.sizes(), expected.sizes()) << name;
-    EXPECT_TRUE(torch::allclose(p, expected, rtol, atol))
-        << name << ": max difference " << (p - expected).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(p.cpu(), expected, rtol, atol))
+        << name << ": max difference " << (p.cpu() - expected).abs().max().item<double>();
     ++compared;
   }
   EXPECT_GE(compared, ref.params.size()) << "every reference parameter is compared";
