@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "checkpoint_fault.h"
+#include "durable_file.h"
 #include "pipetrain/engine/layer_checkpoint.h"
 #include "pipetrain/error.h"
 
@@ -39,13 +40,11 @@ std::string save_tagged_checkpoint(PipelineEngine& engine, const std::string& sa
   save_checkpoint(engine, (fs::path(save_dir) / tag).string(), extra);  // collective; ends with a barrier
   if (engine.communicator().rank() == 0) {
     checkpoint_fault_point("latest");
+    // Synced before the rename and the directory after, as the tag's own directory was: a
+    // pointer that a power loss leaves empty would hide every tag.
     const fs::path tmp = fs::path(save_dir) / "latest.tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << tag << "\n";
-      if (!out.flush()) throw CheckpointError("cannot write " + tmp.string());
-    }
-    fs::rename(tmp, fs::path(save_dir) / "latest");
+    write_durable_file(tmp, tag + "\n");
+    durable_rename(tmp, fs::path(save_dir) / "latest");
   }
   world.barrier("checkpoint pointer moved");
   return tag;

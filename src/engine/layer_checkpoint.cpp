@@ -1,4 +1,4 @@
-// Per-layer checkpoints: collective, atomic save and layout-independent load.
+// Per-layer checkpoints: collective, atomic and durable save, layout-independent load.
 #include "pipetrain/engine/layer_checkpoint.h"
 
 #include <fmt/format.h>
@@ -13,6 +13,7 @@
 #include <set>
 
 #include "checkpoint_fault.h"
+#include "durable_file.h"
 #include "optimizer_compat.h"
 #include "pipetrain/error.h"
 
@@ -47,6 +48,17 @@ std::string layer_file(int64_t index) { return fmt::format("layer_{:05d}.pt", in
 std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
 std::string rng_file(int rank) { return fmt::format("rng_rank_{:05d}.pt", rank); }
 
+// Writes the archive to `path` through a DurableFile: every write checked, the file synced.
+void save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  DurableFile file(path);
+  try {
+    archive.save_to(file.writer());
+  } catch (const c10::Error& e) {
+    throw CheckpointError("cannot write " + path.string() + ": " + e.what_without_backtrace());
+  }
+  file.commit();
+}
+
 // The rank's random stream (PipelineEngine::random_stream: dropout and every other random op of
 // its layers draw from it).
 void save_rng_state(at::Generator gen, const fs::path& path) {
@@ -55,7 +67,10 @@ void save_rng_state(at::Generator gen, const fs::path& path) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     state = gen.get_state();
   }
-  torch::save(state, path.string());
+  // torch::save's layout (the tensor under key "0"), so that torch::load reads it back.
+  torch::serialize::OutputArchive archive;
+  archive.write("0", state);
+  save_archive(archive, path);
 }
 
 void load_rng_state(at::Generator gen, const fs::path& path) {
@@ -95,11 +110,7 @@ bool save_optimizer_state(const torch::optim::Optimizer& optimizer, const torch:
     any = true;
   }
   if (!any) return false;
-  try {
-    archive.save_to(path.string());
-  } catch (const c10::Error& e) {
-    throw CheckpointError("cannot write " + path.string() + ": " + e.what_without_backtrace());
-  }
+  save_archive(archive, path);
   return true;
 }
 
@@ -147,13 +158,13 @@ json read_manifest(fs::path& dir) {
 }
 
 void save_module(const torch::nn::AnyModule& module, const fs::path& path) {
+  torch::serialize::OutputArchive archive;
   try {
-    torch::serialize::OutputArchive archive;
     module.ptr()->save(archive);
-    archive.save_to(path.string());
   } catch (const c10::Error& e) {
-    throw CheckpointError("cannot write " + path.string() + ": " + e.what_without_backtrace());
+    throw CheckpointError("cannot serialize the module for " + path.string() + ": " + e.what_without_backtrace());
   }
+  save_archive(archive, path);
 }
 
 // Checks the file the manifest entry describes against its CRC-32; returns its path.
@@ -248,6 +259,38 @@ void restore_rng_if_same_layout(PipelineEngine& engine, const fs::path& dir, con
   load_rng_state(engine.random_stream(), verified(dir, entry));
 }
 
+// Moves the complete, synced files in `partial` to `dir`, keeping the previous checkpoint until
+// the new one is durable. Every rename has its directories synced before and after (the last
+// one by hand, to let the fault hook in between), so at each fault phase a power loss leaves a
+// loadable checkpoint on disk:
+//
+//   phase     on disk                                       load_checkpoint finds
+//   manifest  dir (previous), dir.partial (new, synced)     dir: the previous one
+//   swap      dir.old (previous), dir.partial               dir.old: the previous one
+//   renamed   dir (new), dir.old; the parent not synced     whichever rename the disk kept
+//   synced    dir (new, durable), dir.old                   dir: the new one
+//
+// Only after "synced" is dir.old deleted: before it, the rename may still be undone by a crash.
+void install(const fs::path& partial, const fs::path& dir) {
+  const fs::path old(dir.string() + ".old");
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  sync_directory(partial);  // the files' names (each file synced itself when written)
+  sync_directory(parent);   // partial's own name
+  // A previous save that died mid-swap left the newest complete checkpoint in .old.
+  if (!fs::exists(dir / "manifest.json") && fs::exists(old / "manifest.json")) {
+    fs::remove_all(dir);
+    durable_rename(old, dir);
+  }
+  fs::remove_all(old);
+  if (fs::exists(dir)) durable_rename(dir, old);
+  at_phase("swap");
+  fs::rename(partial, dir);
+  at_phase("renamed");
+  sync_directory(parent);
+  at_phase("synced");
+  fs::remove_all(old);
+}
+
 }  // namespace
 
 void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const std::string& extra) {
@@ -309,19 +352,9 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
                        {"optimizer", engine.config().optimizer.type},
                        {"files", files}};
       if (!extra.empty()) manifest["extra"] = json::parse(extra);
-      std::ofstream(partial / "manifest.json") << manifest.dump(2) << "\n";
+      write_durable_file(partial / "manifest.json", manifest.dump(2) + "\n");
       at_phase("manifest");
-      const fs::path old(dir_name + ".old");
-      // A previous save that died mid-swap left the newest complete checkpoint in .old.
-      if (!fs::exists(dir / "manifest.json") && fs::exists(old / "manifest.json")) {
-        fs::remove_all(dir);
-        fs::rename(old, dir);
-      }
-      fs::remove_all(old);
-      if (fs::exists(dir)) fs::rename(dir, old);
-      at_phase("swap");
-      fs::rename(partial, dir);
-      fs::remove_all(old);
+      install(partial, dir);
     }
     world.barrier("checkpoint done");
   } catch (const CommError&) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace pipetrain::apps {
 namespace {
@@ -141,16 +142,19 @@ TEST_F(TrainCommand, KillDuringACheckpointKeepsThePreviousOneAndTheRunResumes) {
   const auto a = cli(common + straight.string());
   ASSERT_EQ(a.status, 0) << a.output;
   const auto want = step_losses(straight);
-  // Rank 0 dies in its second save (step 4) at each phase; the restart finds the checkpoint of
-  // step 2 (in checkpoint/, or checkpoint.old/ when the crash came mid-swap) and the losses
+  // Rank 0 dies in its second save (step 4) at each phase; up to "swap" the restart finds the
+  // checkpoint of step 2 (in checkpoint/, or checkpoint.old/ when the crash came mid-swap),
+  // from "renamed" on the new one of step 4 (checkpoint.old/ still beside it), and the losses
   // come out the same.
-  for (const char* phase : {"files", "manifest", "swap"}) {
+  const std::pair<const char*, int> phases[] = {
+      {"files", 2}, {"manifest", 2}, {"swap", 2}, {"renamed", 4}, {"synced", 4}};
+  for (const auto& [phase, resumed_at] : phases) {
     SCOPED_TRACE(phase);
     const fs::path run = dir_ / phase;
     const auto b = cli(common + run.string(), 150, std::string("PIPETRAIN_FAULT_KILL_CHECKPOINT=0:") + phase + ":2");
     ASSERT_EQ(b.status, 0) << b.output;
     EXPECT_NE(b.output.find("rank 0 killed by signal 9"), std::string::npos) << b.output;
-    EXPECT_NE(b.output.find("at step 2 (restart 1)"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("at step " + std::to_string(resumed_at) + " (restart 1)"), std::string::npos) << b.output;
     EXPECT_EQ(step_losses(run), want);
     EXPECT_TRUE(fs::exists(run / "checkpoint" / "manifest.json"));
     EXPECT_FALSE(fs::exists(run / "checkpoint.old"));

@@ -10,76 +10,18 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/checkpoint_support.h"
 #include "engine/engine_models.h"
 #include "engine/optimizer_compat.h"
-#include "pipetrain/engine/gpipe.h"
 #include "engine/engine_oracle.h"
+#include "pipetrain/engine/gpipe.h"
 
 namespace pipetrain::testing {
 namespace {
 
 namespace fs = std::filesystem;
 
-EngineConfig ckpt_config(int stages, const std::string& schedule = "1f1b") {
-  EngineConfig c;
-  c.train_micro_batch_size_per_gpu = 4;
-  c.gradient_accumulation_steps = 4;
-  c.steps_per_print = 0;
-  c.optimizer.lr = 0.05;
-  c.pipeline.schedule = schedule;
-  c.pipeline.partition_method = "uniform";
-  c.pipeline.stages = stages;
-  c.seed = 99;
-  return c;
-}
-
-// Runs `body` on every rank of a pipeline of `stages` threads.
-void run_pipeline(int stages, const EngineConfig& config, const std::function<PipelineModule()>& make,
-                  const std::function<void(PipelineEngine&)>& body) {
-  auto hub = comm::InProcessHub::create(stages);
-  std::vector<std::string> errors(static_cast<size_t>(stages));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < stages; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        std::shared_ptr<comm::Communicator> comm = hub->endpoint(r);
-        PipelineEngine engine(make(), config, comm);
-        body(engine);
-        comm->shutdown();
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        hub->fail(r, e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors) ASSERT_EQ(e, "");
-}
-
-// Trains steps [first, first + steps) and returns their losses.
-std::vector<double> train_steps(PipelineEngine& engine, int steps, int64_t first) {
-  std::vector<double> losses;
-  for (int64_t s = first; s < first + steps; ++s) {
-    int i = 0;
-    FunctionIterator it([&]() -> std::optional<MicroBatch> {
-      if (i >= engine.micro_batches()) return std::nullopt;
-      return mlp_batch(s, 0, i++, 4, 5, 5);
-    });
-    losses.push_back(engine.train_batch(it));
-  }
-  return losses;
-}
-
-class LayerCheckpoint : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("pipetrain-ckpt-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class LayerCheckpoint : public CheckpointDirTest {};
 
 TEST_F(LayerCheckpoint, ResumesUnderAnotherLayoutAndInOneProcess) {
   auto make = [] { return tied_mlp(5, 12, 3); };

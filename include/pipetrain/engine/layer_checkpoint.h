@@ -11,10 +11,13 @@
 //   <dir>/rng_rank_00000.pt the default generator of rank 0, restored when the same layout
 //                           loads (dropout masks continue as if nothing happened)
 //
-// A tied module is stored once, under its first use. Writing is collective and atomic: every
-// rank writes into <dir>.partial, rank 0 checks every file and writes the manifest, then moves
-// the directory into place, so a crash leaves the previous checkpoint intact (loads fall back to
-// <dir>.old when a crash came between the two renames).
+// A tied module is stored once, under its first use. Writing is collective, atomic and durable:
+// every rank writes into <dir>.partial and fsyncs each file, rank 0 checks every file, writes
+// and syncs the manifest, syncs the directories, then moves the directory into place (the
+// previous one to <dir>.old first), syncing the parent after each rename. <dir>.old is deleted
+// only once the new checkpoint is on disk, so neither a crash nor a power loss leaves less than
+// one complete checkpoint (loads fall back to <dir>.old when one came between the two renames).
+// Every write, fsync and close is checked: a full disk is a CheckpointError naming the file.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +30,8 @@
 namespace pipetrain {
 
 // Collective over the engine's world. `extra` is stored in the manifest as a JSON object
-// text (e.g. the example name); "" for none. CheckpointError when a file cannot be written.
+// text (e.g. the example name); "" for none. CheckpointError naming the file (and errno's
+// text) when one cannot be written or synced; the previous checkpoint in `dir` is then intact.
 void save_checkpoint(PipelineEngine& engine, const std::string& dir, const std::string& extra = "");
 
 // Loads the layers this rank holds from `dir` (written by any layout of the same model), with
@@ -57,11 +61,13 @@ std::string latest_tag(const std::string& save_dir);
 int64_t checkpoint_step(const std::string& dir);
 
 // Fault injection for drills and tests: called on every rank at each phase of save_checkpoint
-// ("start", "files": this rank's files written; rank 0 only: "manifest": written into
-// <dir>.partial, "swap": the previous checkpoint moved to <dir>.old; with tags, "latest": the
-// tag's directory complete, the pointer not yet moved). A hook that kills the
-// process shows what a crash there leaves: load_checkpoint and checkpoint_step still find the
-// previous checkpoint (in <dir>, or in <dir>.old after a crash mid-swap). Empty: none.
+// ("start", "files": this rank's files written and synced; rank 0 only: "manifest": written
+// into <dir>.partial, "swap": the previous checkpoint moved to <dir>.old, "renamed": the new one
+// moved to <dir>, its parent directory not yet synced, "synced": the parent synced, <dir>.old
+// about to be deleted; with tags, "latest": the tag's directory complete, the pointer not yet
+// moved). A hook that kills the process shows what a crash there leaves: load_checkpoint and
+// checkpoint_step still find a complete checkpoint (the previous one in <dir>, or in <dir>.old
+// after a crash mid-swap; the new one from "renamed" on). Empty: none.
 void set_checkpoint_fault_hook(std::function<void(const std::string& phase)> hook);
 
 }  // namespace pipetrain

@@ -164,8 +164,8 @@ int64_t fault_kill_step(int rank, int restart) {
 }
 
 // PIPETRAIN_FAULT_KILL_CHECKPOINT="RANK:PHASE:N": that rank kills itself (SIGKILL) at PHASE
-// (start, files, manifest, swap: see set_checkpoint_fault_hook) of its N-th checkpoint save of
-// the first attempt.
+// (start, files, manifest, swap, renamed, synced: see set_checkpoint_fault_hook) of its N-th
+// checkpoint save of the first attempt.
 void install_checkpoint_fault(int rank, int restart) {
   const char* v = std::getenv("PIPETRAIN_FAULT_KILL_CHECKPOINT");
   if (!v || restart > 0) return;
