@@ -35,6 +35,14 @@ Batch::Batch(std::vector<torch::Tensor> tensors) : values_(std::move(tensors)), 
 
 Batch Batch::tuple(std::vector<torch::Tensor> tensors) { return Batch(std::move(tensors)); }
 
+Batch Batch::tuple_with_none(std::vector<torch::Tensor> tensors) {
+  Batch b;
+  b.values_ = std::move(tensors);
+  b.atomic_ = false;
+  b.may_hold_none_ = true;
+  return b;
+}
+
 const torch::Tensor& Batch::tensor() const {
   if (!atomic_) {
     throw BatchError("expected a single tensor but the batch is a tuple " + describe() +
@@ -48,11 +56,14 @@ torch::Tensor& Batch::tensor() {
 }
 
 int64_t Batch::rows() const {
-  if (values_.empty() || values_.front().dim() == 0) return 0;
-  return values_.front().size(0);
+  for (const auto& t : values_) {
+    if (t.defined()) return t.dim() == 0 ? 0 : t.size(0);
+  }
+  return 0;
 }
 
 Batch Batch::with(std::vector<torch::Tensor> tensors) const {
+  if (may_hold_none_) return tuple_with_none(std::move(tensors));
   if (atomic_) {
     if (tensors.size() != 1) {
       throw BatchError("an atomic batch holds one tensor, got " + std::to_string(tensors.size()));

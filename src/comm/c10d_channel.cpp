@@ -250,6 +250,10 @@ SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const 
   std::vector<torch::Tensor> tensors;
   tensors.reserve(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].defined()) {  // none: a zero-byte placeholder, sent only to fill a speculative slot
+      tensors.push_back(placeholder_);
+      continue;
+    }
     torch::Tensor t = batch[i].detach();
     if (!t.device().is_cpu()) t = t.to(torch::kCPU);  // Gloo moves host memory
     tensors.push_back(t.is_contiguous() ? t : t.contiguous());
@@ -280,8 +284,9 @@ SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const 
       }
     }
     post(control_tensor, 0);
+    // None has no data: the receiver posts nothing for it beyond the speculative slots.
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (!sent[i]) post(tensors[i], i + 1);
+      if (!sent[i] && !layout.tensors[i].none) post(tensors[i], i + 1);
     }
   } catch (const CommError&) {
     throw;

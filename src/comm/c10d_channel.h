@@ -6,6 +6,7 @@
 //   s: slot i < k(n-1): tensor i if it fits c_i, else a zero-byte placeholder
 //      slot 0:          control(n)  (24 bytes; + L(n) when it differs from L(n-1))
 //      slot i:          tensor i, when it did not go into the speculative buffer
+//                       (nothing for none, an undefined tensor: it has no data)
 //   r: spec(n): one byte buffer of capacity c_i per tensor of L(n-1), posted as soon as
 //      L(n-1) is known (before anyone waits); exact receives for what did not fit.
 //

@@ -126,8 +126,12 @@ void RecvStream::decode(PendingRecv& p) {
   }
   p.spec.clear();
   p.spec_works.clear();
+  // None (an optional skip's undefined tensor) has no data: a speculative slot took the
+  // sender's placeholder above; otherwise nothing is posted for it.
   for (size_t i = 0; i < k; ++i) {
-    if (!p.data_works[i]) p.data_works[i] = post_bytes(p.data[i], layout.tensors[i].nbytes(), i + 1);
+    if (!p.data_works[i] && !layout.tensors[i].none) {
+      p.data_works[i] = post_bytes(p.data[i], layout.tensors[i].nbytes(), i + 1);
+    }
   }
   p.layout = layout;
   p.decoded = true;
@@ -227,7 +231,9 @@ Batch RecvStream::wait(const std::shared_ptr<PendingRecv>& p, Clock::time_point 
       }
     }
     // Only this thread waits on data buffers (Gloo allows one waiter per buffer).
-    for (auto& w : p->data_works) wait_p2p(w, deadline, *faults_, op);
+    for (auto& w : p->data_works) {
+      if (w) wait_p2p(w, deadline, *faults_, op);  // none-only slots have no receive
+    }
     for (auto& w : p->retired_works) wait_p2p(w, deadline, *faults_, op);
     std::vector<torch::Tensor> values;
     {
@@ -241,6 +247,10 @@ Batch RecvStream::wait(const std::shared_ptr<PendingRecv>& p, Clock::time_point 
     for (size_t i = 0; i < values.size(); ++i) {
       // A fresh tensor (not a view) over the first nbytes of the byte buffer, which it keeps alive.
       const TensorLayout& t = p->layout.tensors[i];
+      if (t.none) {  // no data; the value is an undefined tensor
+        values[i] = torch::Tensor();
+        continue;
+      }
       torch::Tensor bytes = values[i];
       values[i] = torch::from_blob(
           bytes.data_ptr(), t.sizes, [bytes](void*) mutable { bytes.reset(); },
@@ -248,7 +258,8 @@ Batch RecvStream::wait(const std::shared_ptr<PendingRecv>& p, Clock::time_point 
       if (!options_.device().is_cpu()) values[i] = values[i].to(options_.device());
       if (t.requires_grad && values[i].is_floating_point()) values[i].requires_grad_(true);
     }
-    p->result = p->layout.atomic ? Batch(values.front()) : Batch::tuple(std::move(values));
+    // The decoder allows none only in tuples.
+    p->result = p->layout.atomic ? Batch(values.front()) : Batch::tuple_with_none(std::move(values));
     return *p->result;
   } catch (const Error&) {
     p->error = std::current_exception();

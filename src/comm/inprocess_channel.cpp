@@ -41,10 +41,11 @@ class InProcessRecv final : public RecvState {
     const torch::Device device = hub_->devices[static_cast<size_t>(std::get<1>(key_))];
     for (size_t i = 0; i < message.tensors.size(); ++i) {
       torch::Tensor& t = message.tensors[i];
+      if (!t.defined()) continue;  // none (an optional skip) stays none
       if (t.device() != device) t = t.to(device);
       if (message.requires_grad[i] && t.is_floating_point()) t.requires_grad_(true);
     }
-    result_ = message.atomic ? Batch(message.tensors.front()) : Batch::tuple(std::move(message.tensors));
+    result_ = message.atomic ? Batch(message.tensors.front()) : Batch::tuple_with_none(std::move(message.tensors));
     return *result_;
   }
 
@@ -72,6 +73,11 @@ class InProcessChannel final : public Channel {
     Mailbox::Message message;
     message.atomic = batch.atomic();
     for (const torch::Tensor& t : batch.tensors()) {
+      if (!t.defined()) {  // none, as the Gloo channel sends it
+        message.tensors.emplace_back();
+        message.requires_grad.push_back(false);
+        continue;
+      }
       torch::Tensor value = t.detach();
       message.tensors.push_back(hub_->copy ? value.clone() : value);
       message.requires_grad.push_back(t.requires_grad());

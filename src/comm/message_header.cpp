@@ -82,6 +82,7 @@ class Reader {
 bool is_supported_dtype(c10::ScalarType dtype) { return code_of(dtype).has_value(); }
 
 int64_t TensorLayout::numel() const {
+  if (none) return 0;
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   return n;
@@ -104,6 +105,12 @@ MessageLayout MessageLayout::of(const Batch& batch) {
   layout.atomic = batch.atomic();
   for (size_t i = 0; i < batch.size(); ++i) {
     const torch::Tensor& t = batch[i];
+    if (!t.defined()) {  // none: an optional skip that stashed nothing (Batch::tuple_with_none)
+      TensorLayout absent;
+      absent.none = true;
+      layout.tensors.push_back(absent);
+      continue;
+    }
     if (!is_supported_dtype(t.scalar_type())) {
       throw BatchError("tensor " + std::to_string(i) + " of " + batch.describe() + " has dtype " +
                        c10::toString(t.scalar_type()) +
@@ -124,6 +131,10 @@ std::string MessageLayout::describe() const {
   std::string out = atomic ? "" : "(";
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (i) out += ", ";
+    if (tensors[i].none) {
+      out += "None";
+      continue;
+    }
     out += "Tensor[";
     for (size_t d = 0; d < tensors[i].sizes.size(); ++d) {
       if (d) out += ", ";
@@ -141,10 +152,16 @@ std::vector<uint8_t> encode_control(const ControlMessage& message) {
     layout_writer.put<uint8_t>(layout.atomic ? 1 : 0);
     layout_writer.put<uint8_t>(static_cast<uint8_t>(layout.tensors.size()));
     for (const TensorLayout& t : layout.tensors) {
+      if (t.none) {  // flags bit 1, and neither dtype nor sizes
+        layout_writer.put<uint8_t>(0);
+        layout_writer.put<uint8_t>(kTensorNone);
+        layout_writer.put<uint8_t>(0);
+        continue;
+      }
       const auto code = code_of(t.dtype);
       if (!code) throw BatchError(std::string("dtype ") + c10::toString(t.dtype) + " cannot be sent");
       layout_writer.put<uint8_t>(*code);
-      layout_writer.put<uint8_t>(t.requires_grad ? 1 : 0);
+      layout_writer.put<uint8_t>(t.requires_grad ? kTensorRequiresGrad : 0);
       layout_writer.put<uint8_t>(static_cast<uint8_t>(t.sizes.size()));
       for (int64_t s : t.sizes) layout_writer.put<int64_t>(s);
     }
@@ -199,12 +216,23 @@ ControlMessage decode_control(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < count; ++i) {
     TensorLayout t;
     const auto code = r.get<uint8_t>("a dtype");
+    const auto tflags = r.get<uint8_t>("tensor flags");
+    if ((tflags & ~(kTensorRequiresGrad | kTensorNone)) != 0) malformed("tensor flags " + std::to_string(tflags));
+    if ((tflags & kTensorNone) != 0) {
+      const auto ndim = r.get<uint8_t>("a dimension count");
+      if (code != 0 || ndim != 0 || (tflags & kTensorRequiresGrad) != 0 || layout.atomic) {
+        malformed("tensor " + std::to_string(i) + " is none but has dtype code " + std::to_string(code) + ", " +
+                  std::to_string(ndim) + " dimensions, flags " + std::to_string(tflags) +
+                  (layout.atomic ? " in an atomic batch" : ""));
+      }
+      t.none = true;
+      layout.tensors.push_back(std::move(t));
+      continue;
+    }
     const auto dtype = dtype_of(code);
     if (!dtype) malformed("unknown dtype code " + std::to_string(code) + " for tensor " + std::to_string(i));
     t.dtype = *dtype;
-    const auto tflags = r.get<uint8_t>("tensor flags");
-    if (tflags > 1) malformed("tensor flags " + std::to_string(tflags));
-    t.requires_grad = tflags == 1;
+    t.requires_grad = (tflags & kTensorRequiresGrad) != 0;
     const auto ndim = r.get<uint8_t>("a dimension count");
     if (ndim > kMaxTensorDims) malformed(std::to_string(ndim) + " dimensions for tensor " + std::to_string(i));
     int64_t numel = 1;

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "pipetrain/error.h"
+#include "profile_sandbox.h"
 
 namespace pipetrain {
 namespace {
@@ -36,6 +37,20 @@ void backward_outputs(const Batch& output) {
     }
   }
   if (!outputs.empty()) torch::autograd::backward(outputs, grads);
+}
+
+// Stashed tensors waiting in the tracker become detached leaves too, so the backward of the
+// layer that pops one stops there instead of running into the stashing layer's graph (already
+// freed by that layer's own backward). Undefined ones (optional skips) stay undefined.
+void detach_stashed(skip::SkipTracker& skips) {
+  for (const auto& key : skips.keys()) {
+    torch::Tensor t = skips.pop(key);
+    if (t.defined()) {
+      t = t.detach();
+      if (t.is_floating_point()) t.requires_grad_(true);
+    }
+    skips.stash(key, std::move(t));
+  }
 }
 
 std::vector<torch::nn::AnyModule> layers_of(const torch::nn::Sequential& model) {
@@ -134,11 +149,15 @@ std::vector<double> type_costs(const torch::nn::Sequential& model, const std::st
   return match_types(types, pattern);
 }
 
+// Both profilers run each layer in a sandbox (a copy, or the original under a snapshot: see
+// profile_sandbox.h), so the model's parameters, buffers, gradients and train flags, and the
+// default generator, are as they were when they return.
 std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& sample,
                                const TimeProfileOptions& options) {
   auto layers = layers_of(model);
   std::vector<double> total(layers.size(), 0.0);
   torch::AutoGradMode grad_mode(true);
+  detail::DefaultGeneratorGuard rng;
   const auto start = Clock::now();
   int64_t counted = 0;
   for (int64_t pass = 0;; ++pass) {
@@ -146,9 +165,11 @@ std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& 
     skip::TrackerScope scope(skips);
     Batch x = sample;
     for (size_t i = 0; i < layers.size(); ++i) {
+      detail::LayerSandbox sandbox(layers[i]);
       const Batch input = detached_input(x);
+      detach_stashed(skips);
       const auto t0 = Clock::now();
-      Batch y = call_layer(layers[i], input, static_cast<int64_t>(i));
+      Batch y = call_layer(sandbox.layer(), input, static_cast<int64_t>(i));
       backward_outputs(y);
       if (pass > 0) total[i] += seconds_since(t0);
       x = y;
@@ -166,15 +187,18 @@ std::vector<double> size_costs(const torch::nn::Sequential& model, const Batch& 
   auto layers = layers_of(model);
   std::vector<double> costs;
   torch::AutoGradMode grad_mode(true);
+  detail::DefaultGeneratorGuard rng;
   skip::SkipTracker skips;
   skip::TrackerScope scope(skips);
   Batch x = sample;
   for (size_t i = 0; i < layers.size(); ++i) {
+    detail::LayerSandbox sandbox(layers[i]);
     double bytes = 0;
-    for (const auto& p : layers[i].ptr()->parameters()) {
+    for (const auto& p : sandbox.layer().ptr()->parameters()) {
       bytes += param_scale * static_cast<double>(p.numel() * p.element_size());
     }
-    Batch y = call_layer(layers[i], detached_input(x), static_cast<int64_t>(i));
+    detach_stashed(skips);
+    Batch y = call_layer(sandbox.layer(), detached_input(x), static_cast<int64_t>(i));
     for (const auto& t : y.tensors()) bytes += static_cast<double>(t.numel() * t.element_size());
     costs.push_back(bytes);
     x = y;

@@ -40,10 +40,11 @@ Batch run_task(const Stage& stage, const Batch& arrived, const std::optional<c10
   const skip::SkipPlan& plan = stage.skips ? *stage.skips : no_skips;
   const int64_t first = stage.first_layer;
   const int64_t last = first + static_cast<int64_t>(stage.layers->size());
-  // Skipped tensors travel straight from the stashing stage's device to this one.
+  // Skipped tensors travel straight from the stashing stage's device to this one; an undefined
+  // one (an optional skip) has no device and arrives as it is.
   for (const auto& r : plan.pops_in(first, last)) {
     torch::Tensor t = tracker.pop(r.key);
-    tracker.stash(r.key, t.device() == stage.device ? t : t.to(stage.device));
+    tracker.stash(r.key, !t.defined() || t.device() == stage.device ? t : t.to(stage.device));
   }
   // The closure outlives this call when checkpointed: backward runs it again to recompute.
   auto run = [stage](const Batch& x) {

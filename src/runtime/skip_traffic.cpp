@@ -13,6 +13,10 @@ bool needs_grad(const torch::Tensor& t) { return t.defined() && t.is_floating_po
 Batch hand_over(const Batch& b) {
   std::vector<torch::Tensor> out;
   for (const auto& t : b.tensors()) {
+    if (!t.defined()) {  // none on a skip link (an optional skip) is handed over as none
+      out.emplace_back();
+      continue;
+    }
     auto d = t.detach();
     if (needs_grad(t)) d.requires_grad_(true);
     out.push_back(d);

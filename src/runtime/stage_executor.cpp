@@ -272,7 +272,7 @@ class Executor {
     for (const SkipLink* l : skips_.out_links(a.chunk)) {
       std::vector<torch::Tensor> stashed;
       for (const auto& key : l->keys) stashed.push_back(st.skips.pop(key));
-      Batch b = Batch::tuple(std::move(stashed));
+      Batch b = Batch::tuple_with_none(std::move(stashed));  // an optional skip travels as none
       skips_.send(*l, a.micro_batch, false, b);
       if (s_.training) st.skip_out.push_back(std::move(b));
     }
@@ -333,20 +333,24 @@ class Executor {
       st.grad = Batch();
       st.has_grad = false;
     }
-    // Stashed tensors that left for later parts get their gradients from there.
+    // Stashed tensors that left for later parts get their gradients from there: one value per
+    // key, none where the tensor needs no gradient (skip_grads).
     const auto& outs = skips_.out_links(a.chunk);
     for (size_t k = 0; k < outs.size() && k < st.skip_out.size(); ++k) {
       Batch g = skips_.receive(*outs[k], a.micro_batch, true);
       const auto& stashed = st.skip_out[k].tensors();
-      if (g.size() != static_cast<size_t>(std::count_if(stashed.begin(), stashed.end(), needs_grad))) {
+      if (g.size() != stashed.size()) {
         throw BatchError("received " + std::to_string(g.size()) + " skip gradients on link " +
                          std::to_string(outs[k]->id) + " for " + st.skip_out[k].describe());
       }
-      size_t n = 0;
-      for (const auto& t : stashed) {
-        if (!needs_grad(t)) continue;
-        roots.push_back(t);
-        grads.push_back(g[n++]);
+      for (size_t n = 0; n < stashed.size(); ++n) {
+        if (!needs_grad(stashed[n])) continue;
+        if (!g[n].defined()) {
+          throw BatchError("skip gradient " + std::to_string(n) + " on link " + std::to_string(outs[k]->id) +
+                           " is none but " + st.skip_out[k].describe() + " needs it");
+        }
+        roots.push_back(stashed[n]);
+        grads.push_back(g[n]);
       }
     }
     if (!roots.empty()) {
@@ -365,7 +369,7 @@ class Executor {
     }
     const auto& ins = skips_.in_links(a.chunk);
     for (size_t k = 0; k < ins.size() && k < st.skip_in.size(); ++k) {
-      skips_.send(*ins[k], a.micro_batch, true, Batch::tuple(leaf_grads(st.skip_in[k])));
+      skips_.send(*ins[k], a.micro_batch, true, Batch::tuple_with_none(skip_grads(st.skip_in[k])));
     }
     st.skip_in.clear();
     st.input = Batch();
@@ -378,6 +382,21 @@ class Executor {
     std::vector<torch::Tensor> out;
     for (const auto& t : leaves.tensors()) {
       if (!needs_grad(t)) continue;
+      out.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+    }
+    return out;
+  }
+
+  // The gradients of a skip link's leaves, one per key: none where the value needs no gradient
+  // (an undefined optional skip, a mask, a tensor that does not require grad). Never empty, as
+  // a message must not be, even when nothing on the link is differentiable.
+  static std::vector<torch::Tensor> skip_grads(const Batch& leaves) {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : leaves.tensors()) {
+      if (!needs_grad(t)) {
+        out.emplace_back();
+        continue;
+      }
       out.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
     }
     return out;

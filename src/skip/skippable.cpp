@@ -67,12 +67,9 @@ const SkipKey& Skips::key(const std::vector<SkipKey>& keys, const std::string& n
 }
 
 void Skips::stash(const std::string& name, torch::Tensor tensor) {
-  const SkipKey& k = key(layer_.declaration().stash, name, "stashes");
-  if (!tensor.defined()) {
-    throw ModuleError("layer " + layer_.layer_name() + " stashes an undefined tensor under skip " +
-                      k.describe());
-  }
-  tracker_.stash(k, std::move(tensor));
+  // An undefined tensor is a valid stash (torchgpipe's None): an optional skip. It travels to
+  // the popping layer like any other, which decides what to do without it.
+  tracker_.stash(key(layer_.declaration().stash, name, "stashes"), std::move(tensor));
 }
 
 torch::Tensor Skips::pop(const std::string& name) {
@@ -127,13 +124,25 @@ Skippable stash(const std::string& name) {
 
 Skippable pop_add(const std::string& name) {
   return Skippable(std::vector<std::string>{}, std::vector<std::string>{name},
-                   [name](const torch::Tensor& x, Skips& s) { return x + s.pop(name); }, "PopAdd");
+                   [name](const torch::Tensor& x, Skips& s) {
+                     torch::Tensor skipped = s.pop(name);
+                     return skipped.defined() ? x + skipped : x;  // an optional skip adds nothing
+                   },
+                   "PopAdd");
 }
 
 Skippable pop_cat(const std::string& name, int64_t dim) {
   return Skippable(std::vector<std::string>{}, std::vector<std::string>{name},
                    [name, dim](const torch::Tensor& x, Skips& s) {
-                     return torch::cat({x, s.pop(name)}, dim);
+                     torch::Tensor skipped = s.pop(name);
+                     // Concatenating nothing would change the output's width: the next layer
+                     // would fail far from the cause.
+                     if (!skipped.defined()) {
+                       throw ModuleError("PopCat popped an undefined tensor under skip '" + name +
+                                         "' and cannot concatenate it; stash a tensor, or pop it "
+                                         "in a Skippable that handles the missing one");
+                     }
+                     return torch::cat({x, skipped}, dim);
                    },
                    "PopCat");
 }

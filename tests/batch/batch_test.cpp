@@ -33,6 +33,20 @@ TEST(Batch, RejectsUndefinedTensors) {
   }
 }
 
+// Skip links carry none where an optional skip stashed nothing; only tuple_with_none holds it.
+TEST(Batch, TupleWithNone) {
+  Batch b = Batch::tuple_with_none({torch::Tensor(), torch::ones({3, 2})});
+  EXPECT_FALSE(b.atomic());
+  EXPECT_FALSE(b[0].defined());
+  EXPECT_EQ(b.rows(), 3);
+  EXPECT_EQ(b.describe(), "(undefined tensor, Tensor[3, 2] Float)");
+  // with() keeps the kind, so detaching or moving the values keeps the none.
+  Batch same = b.with({torch::Tensor(), torch::zeros({3, 2})});
+  EXPECT_FALSE(same[0].defined());
+  EXPECT_EQ(Batch::tuple_with_none({torch::Tensor()}).rows(), 0);
+  EXPECT_THROW(Batch::tuple({torch::Tensor()}), BatchError);
+}
+
 TEST(Batch, CallLayerPicksTheSignature) {
   torch::nn::AnyModule linear(torch::nn::Linear(2, 3));
   EXPECT_EQ(call_layer(linear, Batch(torch::ones({5, 2}))).tensor().sizes(), (std::vector<int64_t>{5, 3}));

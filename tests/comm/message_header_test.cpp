@@ -99,6 +99,40 @@ TEST(MessageHeader, MalformedHeadersNameTheProblem) {
   EXPECT_NE(decode_error({}).find("ends inside the magic number"), std::string::npos);
 }
 
+// An optional skip that stashed nothing travels as none: flags bit 1, no dtype, no sizes, no data.
+TEST(MessageHeader, NoneInATuple) {
+  const Batch batch = Batch::tuple_with_none({torch::Tensor(), torch::ones({2, 3}).requires_grad_(), torch::Tensor()});
+  const MessageLayout layout = MessageLayout::of(batch);
+  ASSERT_EQ(layout.tensors.size(), 3u);
+  EXPECT_TRUE(layout.tensors[0].none);
+  EXPECT_FALSE(layout.tensors[1].none);
+  EXPECT_EQ(layout.tensors[0].nbytes(), 0);
+  EXPECT_EQ(layout.describe(), "(None, Tensor[2, 3] Float, None)");
+  EXPECT_NE(layout, MessageLayout::of(Batch::tuple({torch::ones({1}), torch::ones({2, 3}), torch::ones({1})})));
+
+  const auto bytes = encode_control({5, 7, layout});
+  EXPECT_EQ(bytes.size(), kControlPrefixBytes + 2 + 3 * 3 + 8 * 2);
+  EXPECT_EQ(bytes[kControlPrefixBytes + 2], 0);        // tensor 0: dtype code 0
+  EXPECT_EQ(bytes[kControlPrefixBytes + 3], kTensorNone);  // flags
+  EXPECT_EQ(bytes[kControlPrefixBytes + 4], 0);        // no dimensions
+  const ControlMessage back = decode_control(bytes.data(), bytes.size());
+  ASSERT_TRUE(back.layout.has_value());
+  EXPECT_EQ(*back.layout, layout);
+
+  // None with a dtype, sizes or requires_grad, or as an atomic batch, is malformed.
+  auto bad = bytes;
+  bad[kControlPrefixBytes + 2] = 1;
+  EXPECT_NE(decode_error(bad).find("tensor 0 is none but has dtype code 1"), std::string::npos);
+  bad = bytes;
+  bad[kControlPrefixBytes + 3] = kTensorNone | kTensorRequiresGrad;
+  EXPECT_NE(decode_error(bad).find("is none but"), std::string::npos);
+  bad = bytes;
+  bad[kControlPrefixBytes + 3] = 4;
+  EXPECT_NE(decode_error(bad).find("tensor flags 4"), std::string::npos);
+  const auto atomic = encode_control({0, 0, MessageLayout{true, {layout.tensors[0]}}});
+  EXPECT_NE(decode_error(atomic).find("in an atomic batch"), std::string::npos);
+}
+
 // Every input either decodes or raises CommError; nothing else, and never a crash.
 void decode_any(const std::vector<uint8_t>& bytes) {
   try {

@@ -89,6 +89,55 @@ TEST(P2P, TuplesLayoutChangesAndManyInFlight) {
   EXPECT_TRUE(run.ok()) << run.summary();
 }
 
+// Skip-link messages where an optional skip stashed nothing: none travels in the header and
+// takes no data. The stream's first message starts with none (an exact zero-byte receive), and
+// later messages turn none into tensors and back (speculative receives of every size).
+Batch skip_message(int i) {
+  const auto x = torch::full({2, 1 + i}, static_cast<double>(i)).requires_grad_();
+  switch (i % 4) {
+    case 0: return Batch::tuple_with_none({torch::Tensor(), x});
+    case 1: return Batch::tuple_with_none({x, torch::Tensor()});
+    case 2: return Batch::tuple_with_none({torch::Tensor(), torch::Tensor()});
+    default: return Batch::tuple_with_none({x, x.detach() * 2});
+  }
+}
+
+PIPETRAIN_RANK_WORKER(p2p_none) {
+  auto comm = test::connect_for_test();
+  Channel& ch = comm->channel();
+  constexpr int kMessages = 9;
+  if (comm->rank() == 0) {
+    for (int i = 0; i < kMessages; ++i) {
+      ch.isend(1, Stream::skip_activation(0), skip_message(i), "skip " + std::to_string(i));
+    }
+    ch.wait_sends();
+  } else {
+    std::vector<RecvHandle> got;
+    for (int i = 0; i < kMessages; ++i) {
+      got.push_back(ch.irecv(0, Stream::skip_activation(0), "skip " + std::to_string(i)));
+    }
+    for (int i = 0; i < kMessages; ++i) {
+      const Batch b = got[static_cast<size_t>(i)].wait();
+      const Batch want = skip_message(i);
+      ASSERT_EQ(b.size(), want.size()) << "message " << i;
+      EXPECT_FALSE(b.atomic());
+      for (size_t k = 0; k < want.size(); ++k) {
+        ASSERT_EQ(b[k].defined(), want[k].defined()) << "message " << i << " value " << k;
+        if (!want[k].defined()) continue;
+        EXPECT_TRUE(b[k].equal(want[k].detach())) << "message " << i << " value " << k;
+        EXPECT_EQ(b[k].requires_grad(), want[k].requires_grad()) << "message " << i << " value " << k;
+      }
+    }
+  }
+  comm->world().barrier();
+  comm->shutdown();
+}
+
+TEST(P2P, NoneTravelsInTuples) {
+  const auto run = testing::spawn_workers("p2p_none", SpawnOptions{});
+  EXPECT_TRUE(run.ok()) << run.summary();
+}
+
 PIPETRAIN_RANK_WORKER(p2p_timeout) {
   auto comm = test::connect_for_test();
   if (comm->rank() == 1) {

@@ -1,6 +1,7 @@
 // PipelineEngine with skip connections against the oracle: stashed tensors travel straight to
 // the part that pops them (across 0, 1 or several stages, between chunks of one stage, with
-// activation checkpointing) and the losses and parameters equal the one-process run.
+// activation checkpointing) and the losses and parameters equal the one-process run, also when
+// an optional skip stashes an undefined tensor on some micro-batches or on all.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -85,6 +86,88 @@ TEST(EngineSkips, WithoutTheFastLinearPath) {
   c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 6, 3); };
   expect_same_training(c);
 }
+
+// --- optional skips (torchgpipe's None) ----------------------------------------------------
+
+// A skippable with parameters: returns linear(x) and stashes tanh(linear(x)) under "a" (a
+// differentiable tensor, so its gradient travels back over the link) when the micro-batch's
+// first input value is positive, and an undefined tensor otherwise.
+struct OptionalGateImpl : skip::SkippableImpl {
+  OptionalGateImpl()
+      : SkippableImpl({"a"}, {}, "OptionalGate"), linear(register_module("linear", torch::nn::Linear(6, 8))) {}
+  torch::Tensor forward_skips(const torch::Tensor& x, skip::Skips& s) override {
+    auto h = linear(x);
+    s.stash("a", x[0][0].item<float>() > 0 ? torch::tanh(h) : torch::Tensor());
+    return h;
+  }
+  torch::nn::Linear linear;
+};
+
+// Identity that always stashes an undefined tensor under "b".
+skip::Skippable stash_none() {
+  return skip::Skippable(std::vector<std::string>{"b"}, std::vector<std::string>{},
+                         [](const torch::Tensor& x, skip::Skips& s) {
+                           s.stash("b", torch::Tensor());
+                           return x;
+                         }, "StashNone");
+}
+
+// 0 OptionalGate(a?)  1 ReLU  2 Linear  3 stash(b = none)  4 Tanh  5 Linear  6 pop_add(b)
+// 7 Linear  8 pop_add(a)  9 Linear(8, 3)
+PipelineModule optional_mlp() {
+  PipelineModule m;
+  m.layers.push_back(skip_layer("gate(a?)", [] {
+    return skip::Skippable(std::shared_ptr<skip::SkippableImpl>(std::make_shared<OptionalGateImpl>()));
+  }));
+  m.layers.push_back(LayerSpec::of<torch::nn::ReLU>("ReLU"));
+  m.layers.push_back(LayerSpec::of<torch::nn::Linear>("Linear", 8, 8));
+  m.layers.push_back(skip_layer("stash(b=none)", stash_none));
+  m.layers.push_back(LayerSpec::of<torch::nn::Tanh>("Tanh"));
+  m.layers.push_back(LayerSpec::of<torch::nn::Linear>("Linear", 8, 8));
+  m.layers.push_back(skip_layer("pop_add(b)", [] { return skip::pop_add("b"); }));
+  m.layers.push_back(LayerSpec::of<torch::nn::Linear>("Linear", 8, 8));
+  m.layers.push_back(skip_layer("pop_add(a)", [] { return skip::pop_add("a"); }));
+  m.layers.push_back(LayerSpec::of<torch::nn::Linear>("Linear", 8, 3));
+  m.loss = mse;
+  return m;
+}
+
+// Micro-batches whose first value is positive for odd (step + micro) and negative otherwise,
+// so "a" travels on some micro-batches of a step and is none on the others.
+MicroBatch optional_batch(int64_t s, int r, int m) {
+  MicroBatch mb = mlp_batch(s, r, m, 4, 6, 3);
+  auto x = mb.inputs.tensor();
+  x[0][0] = ((s + m) % 2 == 1 ? 1.0 : -1.0) * (0.5 + x[0][0].abs());
+  return mb;
+}
+
+class EngineOptionalSkips : public ::testing::TestWithParam<SkipCase> {};
+
+TEST_P(EngineOptionalSkips, MatchesOneProcess) {
+  const auto& p = GetParam();
+  OracleCase c;
+  c.module = optional_mlp;
+  c.config = oracle_config(4, p.schedule);
+  c.config.pipeline.chunks = p.chunks;
+  c.config.pipeline.activation_checkpoint_interval = p.checkpoint_interval;
+  c.stages = p.stages;
+  c.replicas = p.replicas;
+  c.data = optional_batch;
+  expect_same_training(c);
+}
+
+// 10 layers in uniform parts: 2 stages [0,5) [5,10): a and b cross; 3 stages [0,4) [4,7)
+// [7,10): a jumps over stage 1, b crosses one; interleaved (parts of 3, 3, 2, 2 on 2 stages):
+// a from stage 0 chunk 0 to stage 1 chunk 1, b from stage 1 chunk 0 to stage 0 chunk 1; ZB-V
+// puts both ends of a on stage 0 (a hand-over).
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, EngineOptionalSkips,
+    ::testing::Values(SkipCase{"one_f_one_b_P2", "1f1b", 2, 1, 0, 1}, SkipCase{"one_f_one_b_P3", "1f1b", 3, 1, 0, 1},
+                      SkipCase{"fill_drain_P3_checkpoint2", "fill-drain", 3, 1, 2, 1},
+                      SkipCase{"one_f_one_b_P2_checkpoint1", "1f1b", 2, 1, 1, 1},
+                      SkipCase{"interleaved_P2_V2", "interleaved", 2, 2, 0, 1}, SkipCase{"zb_h1_P3", "zb-h1", 3, 1, 0, 1},
+                      SkipCase{"zb_v_P2", "zb-v", 2, 2, 0, 1}, SkipCase{"one_f_one_b_P2_D2", "1f1b", 2, 1, 0, 2}),
+    [](const auto& info) { return info.param.name; });
 
 std::string construction_error(PipelineModule module) {
   auto hub = comm::InProcessHub::create(1);

@@ -97,6 +97,47 @@ TEST(Skippable, RunsAsAPlainSequential) {
   EXPECT_EQ(current_tracker().size(), 0u) << "every stash was popped";
 }
 
+// torchgpipe's None: a layer may stash an undefined tensor, and the popping layer decides.
+TEST(Skippable, OptionalSkipsPassThroughAPlainSequential) {
+  auto present = std::make_shared<bool>(true);
+  Skippable maybe(std::vector<std::string>{"a"}, std::vector<std::string>{},
+                  [present](const torch::Tensor& x, Skips& s) {
+                    s.stash("a", *present ? x * 3 : torch::Tensor());
+                    return x;
+                  }, "Maybe");
+  torch::nn::Linear linear(3, 3);
+  torch::nn::Sequential model(maybe, linear, pop_add("a"));
+  const auto x = torch::randn({2, 3});
+  for (bool defined : {true, false, true}) {
+    *present = defined;
+    const auto y = model->forward(x);
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::allclose(y, defined ? linear(x) + x * 3 : linear(x))) << "stashed " << defined;
+    EXPECT_EQ(current_tracker().size(), 0u);
+  }
+  // Gradients flow where the skip is present and nowhere else.
+  auto leaf = x.clone().requires_grad_(true);
+  *present = false;
+  model->forward(leaf).sum().backward();
+  const auto without = leaf.grad().clone();
+  leaf.mutable_grad() = torch::Tensor();
+  *present = true;
+  model->forward(leaf).sum().backward();
+  EXPECT_TRUE(torch::allclose(leaf.grad(), without + 3));
+
+  // pop_cat cannot concatenate nothing: that would change the width the next layer sees.
+  torch::nn::Sequential cat(maybe, pop_cat("a"));
+  *present = false;
+  try {
+    cat->forward(x);
+    FAIL() << "pop_cat of an undefined tensor";
+  } catch (const ModuleError& e) {
+    EXPECT_THAT(std::string(e.what()), AllOf(HasSubstr("PopCat popped an undefined tensor under skip 'a'"),
+                                             HasSubstr("handles the missing one")));
+  }
+  current_tracker().clear();
+}
+
 TEST(Skippable, UndeclaredNamesAreErrors) {
   Skippable liar(std::vector<std::string>{"a"}, std::vector<std::string>{}, [](const torch::Tensor& x, Skips& s) {
     s.stash("b", x);

@@ -18,6 +18,10 @@ class Batch {
   /*implicit*/ Batch(std::vector<torch::Tensor> tensors);  // NOLINT: tuple batch
   // An explicit tuple of one element (not atomic), for layers that take a vector of one.
   static Batch tuple(std::vector<torch::Tensor> tensors);
+  // A tuple whose values may be undefined tensors (torchgpipe's None): the tensors of a skip
+  // link, where an optional skip stashed nothing, and their gradients. Only skip traffic
+  // carries one; the values between layers are always tensors (BatchError otherwise).
+  static Batch tuple_with_none(std::vector<torch::Tensor> tensors);
 
   bool atomic() const { return atomic_; }
   size_t size() const { return values_.size(); }
@@ -31,9 +35,9 @@ class Batch {
   const torch::Tensor& operator[](size_t i) const { return values_.at(i); }
   torch::Tensor& operator[](size_t i) { return values_.at(i); }
 
-  // Rows along dim 0 (every tensor of a batch has the same count).
+  // Rows along dim 0 (every tensor of a batch has the same count; undefined ones are skipped).
   int64_t rows() const;
-  // The same kind of batch (atomic or tuple) holding other tensors.
+  // The same kind of batch (atomic, tuple, or tuple with none) holding other tensors.
   Batch with(std::vector<torch::Tensor> tensors) const;
   // "Tensor[32, 1024] Float" or "(Tensor[4, 8] Float, Tensor[4, 8] Bool)", for messages.
   std::string describe() const;
@@ -41,6 +45,7 @@ class Batch {
  private:
   std::vector<torch::Tensor> values_;
   bool atomic_ = true;
+  bool may_hold_none_ = false;  // made by tuple_with_none
 };
 
 // Runs one layer on a batch, choosing `forward(Tensor)` for an atomic batch and

@@ -7,8 +7,12 @@
 //          6  u16 reserved       8 u64 sequence number of the message in its stream
 //         16  u32 stream code   20 u32 layout bytes L (0 when bit 0 is clear)
 //         24  layout (L bytes):  u8 atomic, u8 count, then per tensor
-//                                u8 dtype code, u8 flags (bit 0: requires_grad), u8 ndim,
-//                                ndim x i64 sizes
+//                                u8 dtype code, u8 flags (bit 0: requires_grad, bit 1: none),
+//                                u8 ndim, ndim x i64 sizes
+//
+// None is an undefined tensor in a tuple (an optional skip that stashed nothing, see
+// Batch::tuple_with_none): dtype code 0, flags bit 1 alone, ndim 0, and zero data bytes. A
+// message without one is encoded exactly as before none existed.
 //
 // The layout is present on a stream's first message and whenever it differs from the
 // previous message's; otherwise the message repeats the previous layout (24 bytes in all).
@@ -30,6 +34,9 @@ constexpr uint8_t kHeaderVersion = 1;
 constexpr size_t kControlPrefixBytes = 24;
 constexpr size_t kMaxMessageTensors = 64;
 constexpr size_t kMaxTensorDims = 16;
+// The per-tensor flags of a layout.
+constexpr uint8_t kTensorRequiresGrad = 1;
+constexpr uint8_t kTensorNone = 2;
 // Largest control message: the prefix plus a layout of kMaxMessageTensors tensors of
 // kMaxTensorDims dimensions. Receivers post buffers of this size.
 constexpr size_t kMaxControlBytes =
@@ -41,11 +48,12 @@ struct TensorLayout {
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::vector<int64_t> sizes;
   bool requires_grad = false;
+  bool none = false;  // an undefined tensor: no dtype, sizes or data
 
-  int64_t numel() const;
+  int64_t numel() const;  // 0 for none
   int64_t nbytes() const;
   bool operator==(const TensorLayout& o) const {
-    return dtype == o.dtype && sizes == o.sizes && requires_grad == o.requires_grad;
+    return none == o.none && dtype == o.dtype && sizes == o.sizes && requires_grad == o.requires_grad;
   }
   bool operator!=(const TensorLayout& o) const { return !(*this == o); }
 };
@@ -54,14 +62,15 @@ struct MessageLayout {
   bool atomic = true;
   std::vector<TensorLayout> tensors;
 
-  // The layout of `batch`; BatchError for an empty batch, more than kMaxMessageTensors
-  // tensors, more than kMaxTensorDims dimensions or a dtype that cannot travel.
+  // The layout of `batch` (undefined values, from Batch::tuple_with_none, are none); BatchError
+  // for an empty batch, more than kMaxMessageTensors tensors, more than kMaxTensorDims
+  // dimensions or a dtype that cannot travel.
   static MessageLayout of(const Batch& batch);
   bool operator==(const MessageLayout& o) const {
     return atomic == o.atomic && tensors == o.tensors;
   }
   bool operator!=(const MessageLayout& o) const { return !(*this == o); }
-  // "Tensor[32, 1024] Float" or "(Tensor[4, 8] Float, Tensor[4, 8] Bool)"
+  // "Tensor[32, 1024] Float" or "(Tensor[4, 8] Float, Tensor[4, 8] Bool, None)"
   std::string describe() const;
 };
 

@@ -34,8 +34,16 @@ struct TimeProfileOptions {
   int64_t min_passes = 2;                  // the first pass is a warm-up and is not counted
 };
 
+// Profiling (time_costs, size_costs and the balances built on them) runs every layer in
+// training mode, yet leaves the model exactly as it was: parameters, buffers (BatchNorm's
+// running statistics), every `.grad` (undefined stays undefined), the train/eval flag of each
+// module, and the default CPU generator's state. Each layer runs as a deep copy with
+// requires_grad as the original's; a layer that cannot be cloned (a torch::nn::Module that is
+// not torch::nn::Cloneable) runs itself, with its state saved before and put back after.
+
 // Seconds per layer of forward plus backward on `sample`, averaged over repeated passes.
-// Each layer runs on the previous layer's output, detached, so its backward is its own.
+// Each layer runs on the previous layer's output, detached, so its backward is its own (popped
+// skip tensors are detached too).
 std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& sample,
                                const TimeProfileOptions& options = {});
 

@@ -3,7 +3,9 @@
 // Every key stashed on virtual stage s and popped on a later virtual stage d travels in the
 // link (s, d): one message per micro-batch holding the link's tensors in key order, sent by s
 // right after its forward, and one message of their gradients sent back by d right after its
-// backward. Keys stashed and popped on one virtual stage need no link.
+// backward, one value per key. Both may hold none (comm/message_header.h): a key whose
+// optional skip stashed an undefined tensor, a gradient of a value that needs none. Keys
+// stashed and popped on one virtual stage need no link.
 //
 // Links never add a wait to a valid schedule: d's forward of micro-batch i already waits for
 // s's forward of i (through the activations of s+1 .. d-1), and s's backward of i for d's.

@@ -10,6 +10,10 @@
 //
 //   tracker ──pops_in──►┐                         ┌──stashes_out──► tracker
 //   input   ───────────►[ checkpoint(fn: layers) ]──────────────────► output
+//
+// An undefined skip tensor (an optional skip) is neither an input nor an output of the
+// checkpoint: which skips were present is recorded at forward, and a recomputation that
+// stashes differently is a ModuleError naming the layer and the skip.
 #pragma once
 
 #include <functional>

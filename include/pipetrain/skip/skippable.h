@@ -16,6 +16,12 @@
 //
 // Write a skippable layer with parameters by deriving from SkippableImpl and overriding
 // forward_skips; a stateless one with a Body function.
+//
+// Optional skips (torchgpipe's None): a layer may stash an undefined torch::Tensor, for
+// instance when a branch is off for this input. It travels like any stashed tensor (across
+// partitions, checkpoints and engine stages) and the popping layer receives it undefined and
+// decides: pop_add adds nothing, pop_cat raises ModuleError (concatenating nothing would change
+// the width).
 #pragma once
 
 #include <torch/torch.h>
@@ -63,9 +69,11 @@ class SkippableImpl;
 class Skips {
  public:
   Skips(const SkippableImpl& layer, SkipTracker& tracker) : layer_(layer), tracker_(tracker) {}
-  // ModuleError for a name the layer did not declare as stashed, or an undefined tensor.
+  // ModuleError for a name the layer did not declare as stashed. `tensor` may be undefined
+  // (an optional skip).
   void stash(const std::string& name, torch::Tensor tensor);
   // ModuleError for a name the layer did not declare as popped, or when nothing was stashed.
+  // Undefined when the stashing layer stashed an undefined tensor.
   torch::Tensor pop(const std::string& name);
 
  private:
@@ -108,9 +116,11 @@ TORCH_MODULE(Skippable);
 
 // Identity that stashes its input under `name`.
 Skippable stash(const std::string& name);
-// input + popped `name` (a residual or long skip).
+// input + popped `name` (a residual or long skip); the input alone when the popped tensor is
+// undefined.
 Skippable pop_add(const std::string& name);
-// torch::cat({input, popped `name`}, dim) (a U-Net's skip).
+// torch::cat({input, popped `name`}, dim) (a U-Net's skip); ModuleError when the popped tensor
+// is undefined.
 Skippable pop_cat(const std::string& name, int64_t dim = 1);
 // The same with the name in namespace `ns`.
 Skippable stash(const std::string& name, const Namespace& ns);
