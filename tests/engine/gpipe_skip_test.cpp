@@ -38,6 +38,22 @@ std::string name_of(const Case& c) {
 
 class SkipTransparency : public ::testing::TestWithParam<Case> {};
 
+// `model` through GPipe with the case's balance, chunks and checkpoint mode on input `x` (a
+// leaf) gives the plain run's loss, parameter gradients and input gradient.
+template <typename C>
+void expect_gpipe_matches(const torch::nn::Sequential& model, const C& c, const torch::Tensor& x,
+                          const torch::Tensor& y, const torch::Tensor& plain_loss,
+                          const std::vector<torch::Tensor>& plain_grads, const torch::Tensor& plain_input_grad,
+                          const std::string& name) {
+  GPipe gpipe(model, GPipeOptions(c.balance).chunks(c.chunks).checkpoint(c.checkpoint));
+  const torch::Tensor loss = torch::mse_loss(gpipe->forward(x), y);
+  loss.backward();
+
+  EXPECT_TRUE(torch::allclose(loss, plain_loss, 1e-6, 1e-7)) << loss.item<double>() << " vs " << plain_loss.item<double>();
+  expect_close(grads(*gpipe), plain_grads, name);
+  expect_close({x.grad()}, {plain_input_grad}, name + " input gradient");
+}
+
 TEST_P(SkipTransparency, LossAndGradientsEqualThePlainModel) {
   const Case& c = GetParam();
   torch::manual_seed(3);
@@ -50,13 +66,7 @@ TEST_P(SkipTransparency, LossAndGradientsEqualThePlainModel) {
   const torch::Tensor plain_loss = torch::mse_loss(plain->forward(x1), y);
   plain_loss.backward();
 
-  GPipe gpipe(model, GPipeOptions(c.balance).chunks(c.chunks).checkpoint(c.checkpoint));
-  const torch::Tensor loss = torch::mse_loss(gpipe->forward(x2), y);
-  loss.backward();
-
-  EXPECT_TRUE(torch::allclose(loss, plain_loss, 1e-6, 1e-7)) << loss.item<double>() << " vs " << plain_loss.item<double>();
-  expect_close(grads(*gpipe), grads(*plain), name_of(c));
-  expect_close({x2.grad()}, {x1.grad()}, name_of(c) + " input gradient");
+  expect_gpipe_matches(model, c, x2, y, plain_loss, grads(*plain), x1.grad(), name_of(c));
 }
 
 std::vector<Case> cases() {
@@ -221,13 +231,7 @@ TEST_P(OptionalSkipTransparency, LossAndGradientsEqualThePlainModel) {
   const torch::Tensor plain_loss = torch::mse_loss(torch::cat(outs), y);
   plain_loss.backward();
 
-  GPipe gpipe(model, GPipeOptions(c.balance).chunks(c.chunks).checkpoint(c.checkpoint));
-  const torch::Tensor loss = torch::mse_loss(gpipe->forward(x2), y);
-  loss.backward();
-
-  EXPECT_TRUE(torch::allclose(loss, plain_loss, 1e-6, 1e-7)) << loss.item<double>() << " vs " << plain_loss.item<double>();
-  expect_close(grads(*gpipe), grads(*plain), name_of(c));
-  expect_close({x2.grad()}, {x1.grad()}, name_of(c) + " input gradient");
+  expect_gpipe_matches(model, c, x2, y, plain_loss, grads(*plain), x1.grad(), name_of(c));
 }
 
 std::vector<OptionalCase> optional_cases() {
