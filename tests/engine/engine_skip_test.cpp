@@ -7,13 +7,20 @@
 
 #include "engine/engine_models.h"
 #include "engine/engine_oracle.h"
+#include "pipetrain/runtime/rng.h"
 #include "pipetrain/skip/skippable.h"
 
 namespace pipetrain::testing {
 namespace {
 
 LayerSpec skip_layer(const std::string& name, std::function<skip::Skippable()> make) {
-  const auto declaration = make()->declaration();
+  // The throwaway instance's parameter initialisation must not draw from the shared default
+  // generator unguarded: ranks are threads here, and another rank may be between seeding and
+  // initialising its layers (the D2 cases failed in CI that way).
+  const auto declaration = [&] {
+    runtime::SeededScope guard(0);
+    return make()->declaration();
+  }();
   return LayerSpec::skippable(name, "Skip", [make] { return torch::nn::AnyModule(make()); }, declaration);
 }
 
