@@ -3,25 +3,70 @@
 # pipetrain against that LibTorch and run what only a GPU can show:
 #   - tests that skip without CUDA (GPipe across GPUs with copy streams, the engine on cuda
 #     against one CPU process, allocator statistics) and the stream/copy tests;
-#   - a 2-process training run of the mlp example on cuda:LOCAL_RANK (NCCL collectives),
-#     whose summary gives the device and each rank's peak GPU memory.
+#   - a 2-process training run of the mlp example on cuda:LOCAL_RANK (NCCL collectives where
+#     each rank has a GPU of its own, else Gloo), whose summary gives the device and each
+#     rank's peak GPU memory.
 # Needs: cmake, a C++17 compiler, and the development headers/libraries of nlohmann-json, fmt,
 # CLI11, zlib, GoogleTest and RapidCheck (scripts/install-deps.sh names the Debian packages).
-# Usage: scripts/gpu-check.sh [build dir, default build-gpu]
-set -euo pipefail
+# A machine without them (a bare CUDA image) can be given Debian's packages unpacked into
+# DEPS (default .gpudeps): `apt-get download nlohmann-json3-dev libfmt-dev libcli11-dev
+# libgtest-dev libgmock-dev librapidcheck-dev zlib1g-dev libgloo-dev` and `dpkg -x` each.
+# Usage: scripts/gpu-check.sh [build dir, default build-gpu]; logs also go to $OUT when set.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build-gpu}
+DEPS=${DEPS:-.gpudeps}
+LOG_DIR=${OUT:-$BUILD_DIR}
+mkdir -p "$LOG_DIR" "$BUILD_DIR"
 PY=${PYTHON:-python3}
 PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+for cuda in /usr/local/cuda /usr/local/cuda-*; do
+  [[ -x $cuda/bin/nvcc ]] && { export CUDA_HOME=$cuda PATH=$cuda/bin:$PATH; break; }
+done
+ARGS=(-DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_BUILD_BENCH=OFF)
+# Where nccl.h is: a pip torch takes it from the nvidia-nccl wheel.
+NCCL=$("$PY" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null)
+[[ -n $NCCL ]] && ARGS+=(-DPIPETRAIN_NCCL_HINT="$NCCL")
+CXXFLAGS_EXTRA=""
+if [[ -d $DEPS/usr ]]; then
+  DEPS=$(cd "$DEPS" && pwd)
+  PREFIX="$PREFIX;$DEPS/usr"
+  ZLIB_SO=$(ls /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1 /usr/lib64/libz.so.1 2>/dev/null | head -n 1)
+  ARGS+=(-DZLIB_INCLUDE_DIR="$DEPS/usr/include" ${ZLIB_SO:+-DZLIB_LIBRARY="$ZLIB_SO"})
+  # A pip torch bundles its own fmt headers ahead of Debian's on the include path: header-only
+  # fmt keeps every unit on one fmt whichever it finds.
+  CXXFLAGS_EXTRA="-DFMT_HEADER_ONLY"
+  # Gloo's headers, where the torch package has none of its own.
+  TORCH_INCLUDE=$("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+  [[ -d $TORCH_INCLUDE/gloo ]] || CXXFLAGS_EXTRA+=" -isystem $DEPS/usr/include"
+fi
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
-cmake -S . -B "$BUILD_DIR" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" \
-  -DPIPETRAIN_BUILD_BENCH=OFF
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target pipetrain_cli test_runtime test_engine
-"$BUILD_DIR/tests/test_runtime" --gtest_filter='Stream*:ResolveDevice*:CopyTo*'
-"$BUILD_DIR/tests/test_engine" --gtest_filter='Cuda*:GPipe*:EngineApi.DeviceSettingPlacesTheStage'
+set -e
+cmake -S . -B "$BUILD_DIR" "${GENERATOR[@]}" "${ARGS[@]}" -DCMAKE_PREFIX_PATH="$PREFIX" \
+  -DCMAKE_CXX_FLAGS="$CXXFLAGS_EXTRA" 2>&1 | tee "$LOG_DIR/configure.log"
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target pipetrain_cli test_runtime test_engine test_comm 2>&1 |
+  tee "$LOG_DIR/build.log" | grep -E "error|Error|FAILED|warning: unused" | head -n 60
+set +e
+status=0
+"$BUILD_DIR/tests/test_runtime" --gtest_filter='Stream*:ResolveDevice*:CopyTo*:DeviceMemory*' 2>&1 | tail -n 25 || status=1
+"$BUILD_DIR/tests/test_comm" --gtest_filter='CollectiveBackend*' 2>&1 | tail -n 5 || status=1
+"$BUILD_DIR/tests/test_engine" --gtest_filter='Cuda*:EngineApi.DeviceSettingPlacesTheStage' 2>&1 |
+  tee "$LOG_DIR/test_engine.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED|     OK) |Failure|^\[==" | head -n 60 || status=1
+# GPipe's own suite places partitions on the default devices, which are the CPU there: run it
+# with the GPUs hidden (with them, the default is every visible GPU, as in torchgpipe).
+CUDA_VISIBLE_DEVICES= "$BUILD_DIR/tests/test_engine" --gtest_filter='GPipe*' 2>&1 |
+  tee "$LOG_DIR/test_gpipe.log" | grep -E "^\[  (FAILED|PASSED) |Failure|^\[==" | head -n 30 || status=1
 RUN_DIR=$(mktemp -d)
-"$BUILD_DIR/pipetrain" train --example mlp --stages 2 --steps 20 --run-dir "$RUN_DIR" | tail -n 3
+"$BUILD_DIR/pipetrain" train --example mlp --stages 2 --steps 20 --run-dir "$RUN_DIR" 2>&1 |
+  tee "$LOG_DIR/train.log" | tail -n 8 || status=1
 echo "summary: $RUN_DIR/summary.json"
+"$PY" - "$RUN_DIR/summary.json" <<'PYEOF' || status=1
+import json, sys
+s = json.load(open(sys.argv[1]))
+print({k: s[k] for k in s if any(w in k for w in ("device", "memory", "loss", "backend", "samples"))})
+PYEOF
+cp "$RUN_DIR/summary.json" "$LOG_DIR/" 2>/dev/null
+exit $status

@@ -1,4 +1,4 @@
-// Collectives over a c10d ProcessGroupGloo.
+// Collectives over a c10d process group (Gloo, or NCCL on GPUs).
 #include "c10d_group.h"
 
 #include "pipetrain/error.h"
@@ -35,6 +35,16 @@ std::string bytes_text(int64_t bytes) {
   if (bytes >= (int64_t{1} << 20)) return std::to_string(bytes >> 20) + " MiB";
   if (bytes >= 1024) return std::to_string(bytes >> 10) + " KiB";
   return std::to_string(bytes) + " B";
+}
+
+// NCCL moves device memory only: a host tensor (a loss, a metric) travels through the rank's
+// GPU and is copied back.
+torch::Tensor wire_tensor(const torch::Tensor& flat, const CommOptions& options) {
+  return options.backend() == Backend::Nccl && !flat.is_cuda() ? flat.to(options.device()) : flat;
+}
+
+void copy_back(torch::Tensor& flat, const torch::Tensor& wire) {
+  if (!wire.is_same(flat)) flat.copy_(wire);
 }
 
 }  // namespace
@@ -85,31 +95,35 @@ void C10dGroup::run(const std::string& what, const std::string& detail, Start&& 
 }
 
 void C10dGroup::all_reduce_flat(torch::Tensor& flat, ReduceOp op, const std::string& what) {
-  if (!gloo_reduces(flat.scalar_type())) {
+  if (options_.backend() == Backend::Gloo && !gloo_reduces(flat.scalar_type())) {
     throw BatchError(what + " over " + describe_group(*this) + ": Gloo cannot reduce dtype " +
                      c10::toString(flat.scalar_type()) + "; convert to float, double or an integer type");
   }
   const std::string detail = to_string(op) + " of " +
                              bytes_text(flat.numel() * static_cast<int64_t>(flat.element_size()));
+  torch::Tensor wire = wire_tensor(flat, options_);
   run(what, detail, [&] {
-    std::vector<at::Tensor> tensors{flat};
+    std::vector<at::Tensor> tensors{wire};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
     opts.timeout = options_.timeout();
     return pg_->allreduce(tensors, opts);
   });
+  copy_back(flat, wire);
 }
 
 void C10dGroup::broadcast_flat(torch::Tensor& flat, int root_index, const std::string& what) {
   const std::string detail = "from " + options_.rank_namer()(spec_.ranks.at(static_cast<size_t>(root_index))) +
                              ", " + bytes_text(flat.numel() * static_cast<int64_t>(flat.element_size()));
+  torch::Tensor wire = wire_tensor(flat, options_);
   run(what, detail, [&] {
-    std::vector<at::Tensor> tensors{flat};
+    std::vector<at::Tensor> tensors{wire};
     c10d::BroadcastOptions opts;
     opts.rootRank = root_index;
     opts.timeout = options_.timeout();
     return pg_->broadcast(tensors, opts);
   });
+  copy_back(flat, wire);
 }
 
 void C10dGroup::barrier(const std::string& what) {

@@ -50,6 +50,11 @@ bool nccl_available() {
 #endif
 }
 
+Backend collective_backend(bool device_is_cuda, int local_world_size, int64_t cuda_devices, bool have_nccl) {
+  const bool own_gpu = local_world_size <= cuda_devices;
+  return device_is_cuda && have_nccl && own_gpu ? Backend::Nccl : Backend::Gloo;
+}
+
 std::string format_duration(std::chrono::milliseconds d) {
   const auto ms = d.count();
   if (ms < 1000) return std::to_string(ms) + " ms";

@@ -160,7 +160,15 @@ std::shared_ptr<comm::Communicator> PipelineEngine::connect_from_env(const Engin
   // where this LibTorch has it (Gloo moves host memory).
   const torch::Device device = runtime::resolve_device(config.pipeline.device, info.local_rank);
   options.device(device);
-  if (device.is_cuda() && comm::nccl_available()) options.backend(comm::Backend::Nccl);
+  const int64_t gpus = device.is_cuda() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+  options.backend(comm::collective_backend(device.is_cuda(), info.local_world_size, gpus));
+  if (device.is_cuda() && options.backend() == comm::Backend::Gloo) {
+    util::log_info(comm::nccl_available()
+                       ? fmt::format("collectives over Gloo: {} ranks on this host share {} GPU(s) and NCCL "
+                                     "needs a GPU per rank",
+                                     info.local_world_size, gpus)
+                       : std::string("collectives over Gloo: this LibTorch has no NCCL"));
+  }
   return std::shared_ptr<comm::Communicator>(comm::connect(info, options));
 }
 

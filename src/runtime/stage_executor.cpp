@@ -111,7 +111,7 @@ class Executor {
       // Queued weight-gradient pieces fill the wait (their result does not depend on when
       // they run); each is short, so the message waits at most one piece.
       if (s_.training && !recvs_[i].ready()) fill_wait(recvs_[i]);
-      return recvs_[i].wait();
+      return on_stage_device(recvs_[i].wait());
     }
     auto it = local_.find({kind, a.chunk, a.micro_batch});
     if (it == local_.end()) {
@@ -120,6 +120,23 @@ class Executor {
     Batch b = std::move(it->second);
     local_.erase(it);
     return b;
+  }
+
+  // A channel may deliver tensors on another device (ranks that are threads share one hub):
+  // move them here as leaves, so the input gradient lands on the tensor the stage reads.
+  Batch on_stage_device(const Batch& b) const {
+    bool moved = false;
+    std::vector<torch::Tensor> out;
+    out.reserve(b.size());
+    for (const auto& t : b.tensors()) {
+      if (!t.defined() || t.device() == s_.device) {
+        out.push_back(t);
+        continue;
+      }
+      out.push_back(t.detach().to(s_.device).requires_grad_(t.requires_grad()));
+      moved = true;
+    }
+    return moved ? b.with(std::move(out)) : b;
   }
 
   void send(const Action& a, const Batch& b, Op kind) {

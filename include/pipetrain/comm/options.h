@@ -26,6 +26,11 @@ constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
 enum class Backend { Gloo, Nccl };
 // Whether this LibTorch has c10d's NCCL backend (built with CUDA and USE_C10D_NCCL).
 bool nccl_available();
+// The backend for a rank whose stage runs on `device`, with `local_world_size` ranks on its
+// host and `cuda_devices` GPUs visible: NCCL when the device is a GPU, this LibTorch has NCCL
+// and every local rank has a GPU of its own (NCCL refuses two ranks on one GPU); else Gloo.
+Backend collective_backend(bool device_is_cuda, int local_world_size, int64_t cuda_devices,
+                           bool have_nccl = nccl_available());
 
 // Names a rank in messages: "rank 3" by default, "stage 1 (rank 3)" with a topology.
 using RankNamer = std::function<std::string(int rank)>;

@@ -74,7 +74,8 @@ Evaluation evaluate(PipelineEngine& engine, const examples::Example& ex) {
     loss_sum += result.loss;
     ++calls;
     for (size_t i = 0; i < result.outputs.size() && i < rec.labels.size(); ++i) {
-      sum += ex.metric.measure(result.outputs[i], rec.labels[i]);
+      // Outputs stay on the last stage's device; the labels come from the host.
+      sum += ex.metric.measure(runtime::copy_to(result.outputs[i], torch::kCPU), rec.labels[i]);
     }
   }
   // Only the ranks holding the last layers scored anything; every rank learns the total.

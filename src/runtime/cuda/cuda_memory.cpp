@@ -6,9 +6,11 @@
 namespace pipetrain::runtime::detail {
 
 int64_t cuda_peak_allocated_bytes(c10::DeviceIndex index) {
-  using c10::cuda::CUDACachingAllocator::StatType;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-  return stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+  // StatType::AGGREGATE, the first entry in every version; 2.x moved the enum to another
+  // namespace (c10::CachingDeviceAllocator), so it is not named here.
+  constexpr size_t kAggregate = 0;
+  return stats.allocated_bytes[kAggregate].peak;
 }
 
 }  // namespace pipetrain::runtime::detail
