@@ -214,7 +214,38 @@ PipelineConfig read_pipeline(ObjectReader& reader) {
   return p;
 }
 
+Fp16Config read_fp16(ObjectReader& reader) {
+  Fp16Config f;
+  f.enabled = reader.boolean("enabled", f.enabled);
+  f.loss_scale = reader.number("loss_scale", f.loss_scale, 0.0);
+  f.initial_scale_power = reader.integer("initial_scale_power", f.initial_scale_power, 0);
+  f.loss_scale_window = reader.integer("loss_scale_window", f.loss_scale_window, 1);
+  f.hysteresis = reader.integer("hysteresis", f.hysteresis, 1);
+  f.min_loss_scale = reader.number("min_loss_scale", f.min_loss_scale, 0.0);
+  if (f.initial_scale_power > 60) {
+    reader.fail("fp16.initial_scale_power", "is " + std::to_string(f.initial_scale_power) +
+                                                "; 2^power must fit a float (use at most 60; DeepSpeed's default is 16)");
+  }
+  reader.finish();
+  return f;
+}
+
 }  // namespace
+
+std::string EngineConfig::precision() const {
+  if (bf16.enabled && fp16.enabled) {
+    throw ConfigError("both bf16.enabled and fp16.enabled are true; enable one of them");
+  }
+  return bf16.enabled ? "bf16" : fp16.enabled ? "fp16" : "fp32";
+}
+
+void EngineConfig::set_precision(const std::string& p) {
+  if (p != "fp32" && p != "bf16" && p != "fp16") {
+    throw ConfigError("precision \"" + p + "\" is not one of fp32, bf16, fp16");
+  }
+  bf16.enabled = p == "bf16";
+  fp16.enabled = p == "fp16";
+}
 
 double SchedulerConfig::lr_at(int64_t step, double base_lr) const {
   if (type.empty()) return base_lr;
@@ -296,7 +327,17 @@ EngineConfig EngineConfig::from_json_text(const std::string& text, const std::st
     auto r = reader.object("pipeline");
     c.pipeline = read_pipeline(r);
   }
+  if (reader.has("fp16")) {
+    auto r = reader.object("fp16");
+    c.fp16 = read_fp16(r);
+  }
+  if (reader.has("bf16")) {
+    auto r = reader.object("bf16");
+    c.bf16.enabled = r.boolean("enabled", false);
+    r.finish();
+  }
   reader.finish();
+  (void)c.precision();  // both enabled: the error names the two keys
   return c;
 }
 
@@ -340,6 +381,13 @@ std::string EngineConfig::to_json_text() const {
             {"device", pipeline.device}};
   if (!pipeline.balance.empty()) p["balance"] = pipeline.balance;
   j["pipeline"] = p;
+  j["bf16"] = {{"enabled", bf16.enabled}};
+  j["fp16"] = {{"enabled", fp16.enabled},
+               {"loss_scale", fp16.loss_scale},
+               {"initial_scale_power", fp16.initial_scale_power},
+               {"loss_scale_window", fp16.loss_scale_window},
+               {"hysteresis", fp16.hysteresis},
+               {"min_loss_scale", fp16.min_loss_scale}};
   return j.dump(2);
 }
 

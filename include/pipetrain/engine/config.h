@@ -14,7 +14,10 @@
 //                                                  "warmup_num_steps": 100}},
 //     "pipeline": {"stages": 2, "activation_checkpoint_interval": 0, "schedule": "1f1b", "chunks": 1,
 //                  "partition_method": "parameters", "comm_timeout_s": 30,
-//                  "on_nonfinite_loss": "error", "deferred_linear": true, "gemm_kernel": "auto"}
+//                  "on_nonfinite_loss": "error", "deferred_linear": true, "gemm_kernel": "auto"},
+//     "bf16": {"enabled": false},
+//     "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+//              "hysteresis": 2, "min_loss_scale": 1}
 //   }
 //
 // Unknown keys are an error naming them, so a typo never silently falls back to a default.
@@ -65,6 +68,21 @@ struct PipelineConfig {
   std::string device = "auto";
 };
 
+// DeepSpeed's "fp16" block: compute in float16 with fp32 master weights and loss scaling.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;            // 0 = dynamic; > 0 = this fixed scale
+  int64_t initial_scale_power = 16;   // dynamic: the first scale is 2^this
+  int64_t loss_scale_window = 1000;   // steps without overflow before the scale doubles
+  int64_t hysteresis = 2;             // overflows tolerated before the scale halves
+  double min_loss_scale = 1.0;        // the scale never drops below this
+};
+
+// DeepSpeed's "bf16" block: compute in bfloat16 with fp32 master weights (no loss scaling).
+struct Bf16Config {
+  bool enabled = false;
+};
+
 struct EngineConfig {
   int64_t train_batch_size = 0;                // 0 = derive from the other two
   int64_t train_micro_batch_size_per_gpu = 0;  // 0 = derive
@@ -76,6 +94,13 @@ struct EngineConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   PipelineConfig pipeline;
+  Fp16Config fp16;
+  Bf16Config bf16;
+
+  // "fp32", "bf16" or "fp16", from the two blocks (both enabled is a ConfigError at parse).
+  std::string precision() const;
+  // Enables the block of `precision` ("fp32" disables both); ConfigError for another name.
+  void set_precision(const std::string& precision);
 
   // Fills in the batch-size triple for `replicas` data-parallel replicas with DeepSpeed's
   // rules (any two determine the third; one alone means no accumulation) and checks
