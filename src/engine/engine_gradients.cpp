@@ -111,6 +111,28 @@ void PipelineEngine::optimizer_step(const runtime::StageStepResult& so_far) {
   last_.step = global_steps_;
   last_.loss = loss;
   last_.grad_norm = norm;
+  if (scaler_) {
+    // fp16: gradients carry the loss scale. An overflow on any rank (agreed by the sum above)
+    // skips the step everywhere and lowers the scale; otherwise the scale comes off here.
+    last_.loss_scale = scaler_->scale();
+    if (nonfinite) {
+      if (comm_->rank() == 0) {
+        util::log_warn(fmt::format("step {}: fp16 gradients overflow at loss scale {}; step skipped",
+                                   global_steps_, scaler_->scale()));
+      }
+      scaler_->update(true);
+      last_.skipped = true;
+      last_.grad_norm = NAN;
+      clear_grads();
+      return;
+    }
+    const double unscale = 1.0 / scaler_->scale();
+    for (auto& p : parameters()) {
+      if (p.grad().defined()) p.mutable_grad().mul_(unscale);
+    }
+    last_.grad_norm = norm * unscale;
+    scaler_->update(false);
+  }
   if (nonfinite) {
     if (config_.pipeline.on_nonfinite_loss == "error") {
       throw NumericError(fmt::format(
@@ -127,8 +149,8 @@ void PipelineEngine::optimizer_step(const runtime::StageStepResult& so_far) {
     return;
   }
   const double clip = config_.gradient_clipping;
-  if (clip > 0 && norm > clip) {
-    const double coef = clip / (norm + 1e-6);
+  if (clip > 0 && last_.grad_norm > clip) {
+    const double coef = clip / (last_.grad_norm + 1e-6);
     for (auto& p : parameters()) {
       if (p.grad().defined()) p.mutable_grad().mul_(coef);
     }

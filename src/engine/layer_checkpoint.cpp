@@ -352,6 +352,14 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
                        {"optimizer", engine.config().optimizer.type},
                        {"files", files}};
       if (!extra.empty()) manifest["extra"] = json::parse(extra);
+      // Every rank's scaler agrees (overflows are agreed collectively): rank 0's speaks for all.
+      if (const LossScaler* scaler = engine.loss_scaler()) {
+        const auto& st = scaler->state();
+        manifest["loss_scaler"] = {{"scale", st.scale},
+                                   {"iteration", st.iteration},
+                                   {"last_overflow", st.last_overflow},
+                                   {"hysteresis_left", st.hysteresis_left}};
+      }
       write_durable_file(partial / "manifest.json", manifest.dump(2) + "\n");
       at_phase("manifest");
       install(partial, dir);
@@ -386,6 +394,17 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
   }
   engine.parameters_changed();
   restore_rng_if_same_layout(engine, dir, manifest);
+  // A run resumed in fp16 continues with the saved scale (one saved in another precision, or
+  // before fp16 was on, starts from the config's initial scale).
+  if (LossScaler* scaler = engine.loss_scaler(); scaler && manifest.contains("loss_scaler")) {
+    const auto& j = manifest.at("loss_scaler");
+    LossScaler::State st;
+    st.scale = j.at("scale").get<double>();
+    st.iteration = j.at("iteration").get<int64_t>();
+    st.last_overflow = j.at("last_overflow").get<int64_t>();
+    st.hysteresis_left = j.at("hysteresis_left").get<int64_t>();
+    scaler->restore(st);
+  }
   const auto step = manifest.at("step").get<int64_t>();
   engine.set_global_steps(step);
   return step;

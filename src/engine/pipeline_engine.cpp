@@ -2,6 +2,7 @@
 #include "pipetrain/engine/pipeline_engine.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/version.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/engine/optimizer.h"
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/gemm.h"
 #include "pipetrain/runtime/rng.h"
@@ -86,6 +88,18 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   }
 
   device_ = runtime::resolve_device(config_.pipeline.device, local_rank());
+  compute_dtype_ = runtime::compute_dtype(config_.precision());
+  if (compute_dtype_ != c10::ScalarType::Float) {
+    if (!runtime::low_precision_supported(device_, compute_dtype_)) {
+      throw ConfigError(fmt::format(
+          "precision {} does not compute on {} with this LibTorch ({}); use bf16 there (float16 on a "
+          "CPU needs LibTorch 2.x), or fp32",
+          config_.precision(), device_.str(), TORCH_VERSION));
+    }
+    // The fused Linear path computes in float32 only; autocast's Linear takes its place.
+    config_.pipeline.deferred_linear = false;
+  }
+  if (config_.fp16.enabled) scaler_.emplace(config_.fp16);
 
   train_schedule_ = make_train_schedule(config_, topology_.stages());
   const auto& layout = train_schedule_.layout;
@@ -278,6 +292,9 @@ double PipelineEngine::train_batch(DataIterator& data) {
     clear_grads();
     auto step = make_step(train_schedule_, micro, true);
     step.on_step_op = [this](schedule::Op op, const runtime::StageStepResult& so_far) { on_step_op(op, so_far); };
+    step.loss_scale = loss_scale();
+    last_.loss_scale = step.loss_scale;
+    runtime::AutocastScope autocast(device_, compute_dtype_);
     result = runtime::run_stage_step(step);
   } catch (const NumericError&) {
     throw;  // every rank raises it together, after the same collective
@@ -291,6 +308,7 @@ double PipelineEngine::train_batch(DataIterator& data) {
   last_.samples_per_s = static_cast<double>(config_.train_batch_size) / seconds;
   last_.op_seconds = result.seconds;
   last_.weight_pauses = result.weight_pauses;
+  last_.bytes_sent = result.bytes_sent;
   if (comm_->rank() == 0 && config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) {
     util::log_info(fmt::format("step {} | loss {:.6f} | {:.3f} s/step | {:.1f} samples/s | lr {:.3g}{}",
                                global_steps_, last_.loss, seconds, last_.samples_per_s, last_.lr,
@@ -328,6 +346,7 @@ EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs, i
     auto step = make_step(found->second, micro, false);
     step.keep_outputs = return_outputs;
     torch::NoGradGuard no_grad;
+    runtime::AutocastScope autocast(device_, compute_dtype_);
     result = runtime::run_stage_step(step);
   } catch (const std::exception& e) {
     for (auto& c : chunks_) c->train(true);

@@ -3,6 +3,7 @@
 
 #include <optional>
 
+#include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/rng.h"
 
 namespace pipetrain::runtime {
@@ -35,13 +36,16 @@ struct CheckpointState : torch::CustomClassHolder {
   at::Generator task_generator;  // copy of the thread's task generator at forward, if any
   RngSnapshot default_rng;       // the default generators at forward, when there was none
   std::vector<bool> requires_grad;
+  AutocastState autocast;  // recomputation runs in the forward's precision, as torch's checkpoint
 };
+
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& /*phony*/,
                                at::TensorList inputs, c10::intrusive_ptr<CheckpointState> state) {
     Tensors in(inputs.begin(), inputs.end());
     for (const auto& x : in) state->requires_grad.push_back(x.requires_grad() && differentiable(x));
+    state->autocast = AutocastState::current();
     // Every random op must draw the same again on recomputation: runtime::Dropout draws from
     // the task generator (copied), every other op from the default generators (captured). A
     // thread whose draws nothing covers leases the default generator for the forward, so
@@ -56,6 +60,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     Tensors out;
     {
       FlagScope flag(checkpointing_, true);
+      NoCastCacheScope no_cache;
       out = state->fn(in);
     }
     // Kept only where something drew (5 KB a checkpoint otherwise, next to the inputs).
@@ -93,6 +98,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       TaskGeneratorScope task_rng(state->task_generator.defined() ? clone_generator(state->task_generator)
                                                                   : at::Generator());
       DefaultGeneratorLease lease;
+      // Backward may run with autocast off (and on another thread for CUDA): the recomputed
+      // activations must be the forward's, in its dtype.
+      AutocastStateScope autocast(state->autocast);
+      NoCastCacheScope no_cache;
       const RngSnapshot now = RngSnapshot::capture();
       state->default_rng.restore();
       try {

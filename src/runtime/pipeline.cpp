@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/clock.h"
 #include "pipetrain/runtime/dependency.h"
 #include "pipetrain/runtime/device.h"
@@ -26,8 +27,13 @@ namespace {
 // `arrived_on`: the copy stream the input came on from another device, if it did.
 Batch run_task(const Stage& stage, const Batch& arrived, const std::optional<c10::Stream>& arrived_on, int64_t i,
                bool checkpoint, uint64_t seed, const at::ThreadLocalState& caller_state,
-               skip::SkipTracker& tracker) {
+               const AutocastState& caller_autocast, skip::SkipTracker& tracker) {
   at::ThreadLocalStateGuard state(caller_state);
+  // The caller's mixed precision (its autocast dtype is not part of ThreadLocalState in 1.13).
+  // A worker never leaves autocast's outermost scope, so it would never clear cached casts of
+  // weights the optimizer has since changed: no cache here.
+  AutocastStateScope autocast(caller_autocast);
+  NoCastCacheScope no_cache;
   DeviceScope device(stage.device);
   // The partition's compute stream waits for the copy that brought its input.
   const Batch input = arrived_on ? wait_for_copy(arrived, *arrived_on, current_stream(stage.device)) : arrived;
@@ -73,6 +79,7 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
   // Owned jointly with the tasks: a task still running after its wait timed out must find
   // them alive when this frame is gone.
   auto caller_state = std::make_shared<const at::ThreadLocalState>();
+  auto caller_autocast = std::make_shared<const AutocastState>(AutocastState::current());
   auto trackers = std::make_shared<std::vector<skip::SkipTracker>>(static_cast<size_t>(m));
   const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(task_timeout_s));
@@ -93,9 +100,9 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
       const bool checkpoint = i < checkpoint_stop;
       std::optional<c10::Stream> arrived_on;
       if (crossing) arrived_on = copy_streams[j];
-      results.push_back(workers.submit<Batch>(j, [stage, caller_state, trackers, input, i, checkpoint, seed,
+      results.push_back(workers.submit<Batch>(j, [stage, caller_state, caller_autocast, trackers, input, i, checkpoint, seed,
                                                   arrived_on] {
-        return run_task(stage, input, arrived_on, i, checkpoint, seed, *caller_state,
+        return run_task(stage, input, arrived_on, i, checkpoint, seed, *caller_state, *caller_autocast,
                         (*trackers)[static_cast<size_t>(i)]);
       }));
     }

@@ -145,6 +145,9 @@ class Executor {
       return;
     }
     const bool act = kind == Op::recv_activation;
+    for (const auto& t : b.tensors()) {
+      if (t.defined()) result_.bytes_sent += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+    }
     const auto stream = act ? comm::Stream::activation(a.peer_chunk) : comm::Stream::gradient(a.peer_chunk);
     s_.channel->isend(s_.rank_of_stage(a.peer_stage), stream, b, what(act ? "activation" : "gradient", a));
   }
@@ -326,7 +329,12 @@ class Executor {
     }
     result_.loss_sum += loss.detach().item<double>();
     result_.losses += 1;
-    if (s_.training) st.loss = loss.reshape({}) / static_cast<double>(m_);
+    if (s_.training) {
+      // Backward starts in float32: a float16 loss times a scale of 2^16 would overflow.
+      auto l = loss.reshape({});
+      if (l.scalar_type() == torch::kHalf || l.scalar_type() == torch::kBFloat16) l = l.to(torch::kFloat);
+      st.loss = l * (s_.loss_scale / static_cast<double>(m_));
+    }
   }
 
   void backward(const Action& a) {

@@ -7,7 +7,9 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,7 +18,9 @@
 #include "pipetrain/comm/inprocess.h"
 #include "pipetrain/error.h"
 #include "pipetrain/engine/optimizer.h"
+#include "pipetrain/engine/loss_scaler.h"
 #include "pipetrain/engine/pipeline_engine.h"
+#include "pipetrain/runtime/autocast.h"
 
 namespace pipetrain::testing {
 
@@ -74,19 +78,41 @@ inline OracleRun reference_run(const OracleCase& c) {
   auto built = build_seeded_layers(module.layers, 0, static_cast<int64_t>(module.layers.size()), config.seed);
   auto params = built.parameters();
   auto optimizer = make_optimizer(config.optimizer, params);
+  // The same precision as the engine (autocast around the forward), and for fp16 the same
+  // loss scaling: scaled backward, a skipped step on overflow, unscaled gradients otherwise.
+  const auto dtype = runtime::compute_dtype(config.precision());
+  std::optional<LossScaler> scaler;
+  if (config.fp16.enabled) scaler.emplace(config.fp16);
   OracleRun run;
   for (int64_t s = 0; s < c.steps; ++s) {
     optimizer->zero_grad();
     double loss_sum = 0;
+    const double scale = scaler ? scaler->scale() : 1.0;
     for (int r = 0; r < c.replicas; ++r) {
       for (int64_t i = 0; i < m; ++i) {
         auto mb = c.data(s, r, static_cast<int>(i));
-        auto loss = module.loss(built.forward(mb.inputs), mb.labels);
+        torch::Tensor loss;
+        {
+          runtime::AutocastScope autocast(torch::kCPU, dtype);
+          loss = module.loss(built.forward(mb.inputs), mb.labels);
+          if (loss.scalar_type() == torch::kHalf || loss.scalar_type() == torch::kBFloat16) loss = loss.to(torch::kFloat);
+        }
         loss_sum += loss.item<double>();
-        (loss / static_cast<double>(m * c.replicas)).backward();
+        (loss * (scale / static_cast<double>(m * c.replicas))).backward();
       }
     }
     run.losses.push_back(loss_sum / static_cast<double>(m * c.replicas));
+    if (scaler) {
+      bool overflow = !std::isfinite(loss_sum);
+      for (const auto& p : params) {
+        if (p.grad().defined() && !torch::isfinite(p.grad()).all().item<bool>()) overflow = true;
+      }
+      scaler->update(overflow);
+      if (overflow) continue;
+      for (auto& p : params) {
+        if (p.grad().defined()) p.mutable_grad().div_(scale);
+      }
+    }
     if (config.gradient_clipping > 0) torch::nn::utils::clip_grad_norm_(params, config.gradient_clipping);
     set_learning_rate(*optimizer, config.scheduler.lr_at(s, config.optimizer.lr));
     optimizer->step();

@@ -26,6 +26,7 @@
 #include "pipetrain/comm/communicator.h"
 #include "pipetrain/comm/topology.h"
 #include "pipetrain/engine/config.h"
+#include "pipetrain/engine/loss_scaler.h"
 #include "pipetrain/engine/pipeline_module.h"
 #include "pipetrain/runtime/stage_executor.h"
 #include "pipetrain/runtime/stage_model.h"
@@ -41,7 +42,10 @@ struct StepStats {
   double lr = 0;
   double seconds = 0;     // wall time of train_batch on this rank
   double samples_per_s = 0;
-  bool skipped = false;   // non-finite loss or gradient with on_nonfinite_loss = "skip"
+  bool skipped = false;   // non-finite loss or gradient with on_nonfinite_loss = "skip", or an
+                          // fp16 overflow
+  double loss_scale = 1;  // fp16: the scale this step's loss was multiplied by; else 1
+  int64_t bytes_sent = 0; // activation and gradient bytes this rank sent to other stages
   // Seconds per schedule op on this rank (forward, backward_input, send_activation, ...).
   std::array<double, schedule::kNumOps> op_seconds{};
   // Weight-gradient groups this rank paused because a gradient arrived (stage_executor.cpp).
@@ -128,6 +132,13 @@ class PipelineEngine {
   at::Generator random_stream() const { return rng_stream_; }
   // Where this rank's layers and activations live (pipeline.device, resolved for LOCAL_RANK).
   torch::Device device() const { return device_; }
+  // What the layers compute in (config bf16/fp16 blocks): Float, BFloat16 or Half. Parameters,
+  // gradients and the optimizer state stay float32 whatever it is.
+  c10::ScalarType compute_dtype() const { return compute_dtype_; }
+  // fp16 only: the loss scaler (its state is saved in checkpoints); nullptr otherwise.
+  LossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  // The scale the next step's loss is multiplied by (1 unless fp16).
+  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   // Collective over this replica's pipeline: every stage's events of the last step, rows =
   // stages, times from the step's start.
   std::vector<schedule::TimedEvent> gather_events() { return gather_events(last_events_); }
@@ -179,6 +190,8 @@ class PipelineEngine {
   std::vector<schedule::TimedEvent> last_events_;
   std::vector<double> clock_offsets_;
   at::Generator rng_stream_;
+  c10::ScalarType compute_dtype_ = c10::ScalarType::Float;
+  std::optional<LossScaler> scaler_;
   torch::Device device_ = torch::kCPU;  // per pipeline-group member, on the first stage's clock
 };
 

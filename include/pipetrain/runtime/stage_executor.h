@@ -47,6 +47,8 @@ struct StageStep {
   // copied to `device` (the stage's) as they are loaded.
   const std::vector<MicroBatch>* data = nullptr;
   torch::Device device = torch::kCPU;
+  // fp16 loss scaling: backward starts from loss x loss_scale (the reported loss is unscaled).
+  double loss_scale = 1.0;
   bool training = true;
   bool keep_outputs = false;  // eval: return the last chunk's outputs
   // Runs reduce_tied_grads, reduce_grads and optimizer_step; gets the step's result so far
@@ -69,6 +71,7 @@ struct StageStepResult {
   std::vector<schedule::TimedEvent> events;   // one per action, row = stage
   std::array<double, schedule::kNumOps> seconds{};  // time per op kind
   int64_t weight_pauses = 0;  // weight-gradient groups paused for an arrived gradient
+  int64_t bytes_sent = 0;     // tensor bytes this stage sent to other stages (not hand-overs)
 };
 
 // Runs the actions of `step.stage`. Throws what a layer, the loss or the channel throws, with
