@@ -114,6 +114,39 @@ TEST(BenchCommand, ShortRunReportsEveryFieldAndTheEngineLossEqualsTheBaselines) 
   EXPECT_LT(r["loss_last"].get<double>(), r["loss_first"].get<double>()) << "three SGD steps lower the loss";
 }
 
+// The bar contract of issue 17: a low precision reports itself, the fp32 engine measured in the
+// same invocation, and its last loss; activations cross the stages at half the bytes.
+TEST(BenchCommand, Bf16ReportsItselfAgainstTheFp32EngineOfTheSameInvocation) {
+  const fs::path log = fs::temp_directory_path() / ("pipetrain-bench-bf16-" + std::to_string(::getpid()) + ".log");
+  pipetrain::testing::ChildProcess bench({PIPETRAIN_CLI_PATH, "bench", "--workload", "mlp", "--precision", "bf16",
+                                          "--steps", "2", "--warmup", "1", "--threads-per-rank", "1",
+                                          "--skip-baseline", "--json"},
+                                         log.string());
+  const int code = bench.wait(150s);
+  const std::string output = bench.output();
+  fs::remove(log);
+  ASSERT_EQ(code, 0) << output;
+  json r;
+  ASSERT_NO_THROW(r = last_json_line(output)) << output;
+  for (const char* key : {"precision", "samples_per_s", "fp32_samples_per_s", "loss_last", "fp32_loss_last",
+                          "rank0_bytes_sent_per_step", "fp32_rank0_bytes_sent_per_step"}) {
+    ASSERT_TRUE(r.contains(key)) << key << " missing from " << r.dump();
+  }
+  EXPECT_EQ(r["precision"], "bf16");
+  EXPECT_GT(r["samples_per_s"].get<double>(), 0);
+  EXPECT_GT(r["fp32_samples_per_s"].get<double>(), 0);
+  EXPECT_NE(r["samples_per_s"].get<double>(), r["fp32_samples_per_s"].get<double>()) << "two runs, not one reported twice";
+  // bf16 keeps 8 significant bits (relative error 2^-9 per element), but the loss is a mean of
+  // 2^18 squared errors in float32 whose rounding errors average out: 2e-8 apart measured here;
+  // 1e-3 still tells a wrong precision (or none) from a right one only with the bytes below.
+  const double bf16 = r["loss_last"].get<double>(), fp32 = r["fp32_loss_last"].get<double>();
+  EXPECT_NEAR(bf16, fp32, 1e-3 * fp32);
+  EXPECT_NEAR(fp32, kFirstLoss, 1e-5) << "the fp32 run trains WORKLOADS.md's data";
+  const auto bytes = r["rank0_bytes_sent_per_step"].get<int64_t>();
+  EXPECT_EQ(bytes * 2, r["fp32_rank0_bytes_sent_per_step"].get<int64_t>()) << "bf16 activations are half the bytes";
+  EXPECT_EQ(bytes, int64_t{8} * 32 * 1024 * 2) << "8 micro-batches of 32 x 1024 bf16 activations from stage 0";
+}
+
 TEST(BenchCommand, UnknownWorkloadIsRefusedBeforeAnyRankStarts) {
   const auto r = apps::testing::run({"bench", "--workload", "resnet"});
   EXPECT_NE(r.code, 0);

@@ -39,6 +39,7 @@ struct BenchArgs {
   int repeat = 1;
   int threads_per_rank = 0;
   std::string gemm_kernel = "auto";
+  std::string precision = "fp32";  // fp32, bf16 or fp16 (the engine's compute; master weights fp32)
   bool deferred_linear = true;
   bool json_only = false;
   bool skip_baseline = false;
@@ -98,6 +99,7 @@ EngineConfig bench_config(const BenchArgs& args, int stages, int micro_batches) 
   c.pipeline.partition_method = "uniform";
   c.pipeline.gemm_kernel = args.gemm_kernel;
   c.pipeline.deferred_linear = args.deferred_linear;
+  c.set_precision(args.precision);
   return c;
 }
 
@@ -115,6 +117,7 @@ int run_worker(const BenchArgs& args) {
   // Every replica trains on the workload's batch (replicas multiply the samples per step).
   const int64_t rows = MlpWorkload::kRows / m;
   std::vector<double> losses;
+  int64_t bytes_sent = 0;
   auto step = [&] {
     int i = 0;
     FunctionIterator it([&]() -> std::optional<MicroBatch> {
@@ -124,6 +127,7 @@ int run_worker(const BenchArgs& args) {
       return mb;
     });
     losses.push_back(engine.train_batch(it));
+    bytes_sent = engine.last_step().bytes_sent;
   };
   for (int i = 0; i < args.warmup; ++i) step();
   comm->world().barrier("bench start");
@@ -167,6 +171,8 @@ int run_worker(const BenchArgs& args) {
               {"bubble_simulated_steps", simulated},
               {"transfer_ms", median(transfer_ms)},
               {"threads_per_rank", at::get_num_threads()},
+              {"precision", engine.config().precision()},
+              {"rank0_bytes_sent_per_step", bytes_sent},
               {"schedule", schedule::kind_name(engine.train_schedule().kind)},
               {"chunks", engine.train_schedule().num_chunks()}};
     std::ofstream(args.result) << r.dump() << "\n";
@@ -179,7 +185,7 @@ std::vector<std::string> worker_command(const BenchArgs& args, const std::string
   std::vector<std::string> cmd{std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "--worker",
                                "--result", result, "--workload", args.workload, "--schedule", args.schedule,
                                "--steps", std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
-                               "--gemm-kernel", args.gemm_kernel};
+                               "--gemm-kernel", args.gemm_kernel, "--precision", args.precision};
   if (args.stages > 0) cmd.insert(cmd.end(), {"--stages", std::to_string(args.stages)});
   if (args.chunks > 0) cmd.insert(cmd.end(), {"--chunks", std::to_string(args.chunks)});
   if (args.micro_batches > 0) cmd.insert(cmd.end(), {"--micro-batches", std::to_string(args.micro_batches)});
@@ -218,9 +224,20 @@ int run_bench(const BenchArgs& args) {
                              args.workload, stages, args.replicas, m, args.schedule, args.steps, args.warmup, args.repeat)
               << util::describe_blas(blas) << std::endl;
   }
-  std::vector<json> engine_runs, baseline_runs;
+  std::vector<json> engine_runs, baseline_runs, fp32_runs;
+  BenchArgs fp32_args = args;
+  fp32_args.precision = "fp32";
   for (int r = 0; r < args.repeat; ++r) {
     engine_runs.push_back(run_engine(args, stages));
+    // A low precision is judged against the fp32 engine measured in the same invocation.
+    if (args.precision != "fp32") {
+      fp32_runs.push_back(run_engine(fp32_args, stages));
+      if (!args.json_only) {
+        std::cout << fmt::format("  engine   run {}: {:8.1f} samples/s in fp32", r + 1,
+                                 fp32_runs.back()["samples_per_s"].get<double>())
+                  << std::endl;
+      }
+    }
     if (!args.json_only) {
       const auto steps = engine_runs.back()["step_ms"].get<std::vector<double>>();
       std::cout << fmt::format("  engine   run {}: {:8.1f} samples/s  bubble median {:.3f} (simulated {:.3f})  step ms median {:.1f} min {:.1f} max {:.1f}",
@@ -245,6 +262,8 @@ int run_bench(const BenchArgs& args) {
     return median(v);
   };
   const double sps = med(engine_runs, "samples_per_s");
+  const double fp32_sps = fp32_runs.empty() ? sps : med(fp32_runs, "samples_per_s");
+  const json& fp32_first = fp32_runs.empty() ? engine_runs.front() : fp32_runs.front();
   const double base = baseline_runs.empty() ? 0.0 : med(baseline_runs, "samples_per_s");
   json out = {{"workload", args.workload},
               {"stages", stages},
@@ -268,8 +287,17 @@ int run_bench(const BenchArgs& args) {
               {"transfer_ms", med(engine_runs, "transfer_ms")},
               {"threads_per_rank", engine_runs.front()["threads_per_rank"]},
               {"gemm_kernel", args.gemm_kernel},
+              {"precision", args.precision},
+              {"fp32_samples_per_s", fp32_sps},
+              {"fp32_loss_last", fp32_first["loss_last"]},
+              {"rank0_bytes_sent_per_step", engine_runs.front()["rank0_bytes_sent_per_step"]},
+              {"fp32_rank0_bytes_sent_per_step", fp32_first["rank0_bytes_sent_per_step"]},
               {"deferred_linear", args.deferred_linear},
               {"blas", blas.name}};
+  if (!args.json_only && !fp32_runs.empty()) {
+    std::cout << fmt::format("median: engine {} {:.1f} samples/s, engine fp32 {:.1f} samples/s, ratio {:.2f}x\n",
+                             args.precision, sps, fp32_sps, sps / fp32_sps);
+  }
   if (!args.json_only && base > 0) {
     std::cout << fmt::format("median: engine {:.1f} samples/s, baseline {:.1f} samples/s, speedup {:.2f}x\n", sps, base,
                              sps / base);
@@ -307,6 +335,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--gemm-kernel", args->gemm_kernel, "auto, native, onednn or blas: the engine's Linear GEMMs")
       ->check(CLI::IsMember({"auto", "native", "onednn", "blas"}))
+      ->capture_default_str();
+  sub->add_option("--precision", args->precision,
+                  "fp32, bf16 or fp16: what the engine computes in (fp32 master weights); a low precision "
+                  "also runs the fp32 engine for comparison")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   sub->add_flag("--no-deferred-linear{false}", args->deferred_linear,
                 "run Linear layers through plain autograd instead of the fused weight-gradient path");

@@ -133,6 +133,7 @@ examples::Example make_train_example(const TrainArgs& args) {
 EngineConfig make_train_config(const TrainArgs& args, const examples::Example& ex) {
   auto config = examples::example_config(ex, args.config_file);
   if (!args.schedule.empty()) config.pipeline.schedule = args.schedule;
+  if (!args.precision.empty()) config.set_precision(args.precision);
   const int stages = args.stages > 0 ? args.stages
                      : config.pipeline.stages > 0 ? static_cast<int>(config.pipeline.stages)
                                                   : static_cast<int>(ex.defaults.pipeline_stages);
@@ -314,6 +315,7 @@ int run_train_worker(const TrainArgs& args) {
                     {"micro_batches", engine.micro_batches()},
                     {"micro_batch_size", config.train_micro_batch_size_per_gpu},
                     {"schedule", schedule::kind_name(engine.train_schedule().kind)},
+                    {"precision", config.precision()},
                     {"steps", total},
                     {"first_step", first},
                     {"final_loss", last_loss},
