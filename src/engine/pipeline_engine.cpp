@@ -96,8 +96,6 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
           "CPU needs LibTorch 2.x), or fp32",
           config_.precision(), device_.str(), TORCH_VERSION));
     }
-    // The fused Linear path computes in float32 only; autocast's Linear takes its place.
-    config_.pipeline.deferred_linear = false;
   }
   if (config_.fp16.enabled) scaler_.emplace(config_.fp16);
 

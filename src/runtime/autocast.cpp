@@ -63,6 +63,11 @@ bool low_precision_supported(torch::Device device, c10::ScalarType dtype) {
   }
 }
 
+c10::ScalarType autocast_dtype(torch::Device device) {
+  const auto type = device.is_cuda() ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  return enabled(type) ? dtype_of(type) : c10::ScalarType::Float;
+}
+
 AutocastState AutocastState::current() {
   AutocastState s;
   s.cpu_enabled = enabled(c10::DeviceType::CPU);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/autocast.h"
 
 namespace pipetrain::runtime {
 
@@ -26,7 +27,10 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
     ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
     ctx->saved_data["mb"] = mb;
     torch::Tensor y;
-    if (self->native_eligible(x2d)) {
+    if (x2d.scalar_type() != weight.scalar_type()) {  // autocast's dtype (forward cast x to it)
+      const auto& w = self->weight_in(x2d.scalar_type());
+      y = bias.defined() ? torch::addmm(bias.to(x2d.scalar_type()), x2d, w.t()) : torch::mm(x2d, w.t());
+    } else if (self->native_eligible(x2d)) {
       y = native_linear(x2d, weight, bias);
     } else if (self->kernel_ == GemmKernel::OneDnn) {
       y = gemm(x2d, self->weight_transposed(), self->kernel_);
@@ -44,8 +48,12 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
     self->input_gradient_done(mb, dy);
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
-      dx = self->native_eligible(dy) ? native_input_grad(dy, self->packed_weight())
-                                               : gemm(dy, self->layer_->weight, self->kernel_);
+      if (dy.scalar_type() != self->layer_->weight.scalar_type()) {
+        dx = torch::mm(dy, self->weight_in(dy.scalar_type()));
+      } else {
+        dx = self->native_eligible(dy) ? native_input_grad(dy, self->packed_weight())
+                                       : gemm(dy, self->layer_->weight, self->kernel_);
+      }
     }
     return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -83,7 +91,20 @@ const PackedWeight& DeferredLinear::packed_weight() {
   return packed_;
 }
 
+const torch::Tensor& DeferredLinear::weight_in(c10::ScalarType dtype) {
+  const auto& w = layer_->weight;
+  if (!weight_lowp_.defined() || weight_lowp_.scalar_type() != dtype ||
+      weight_lowp_version_ != static_cast<int64_t>(w._version()) || weight_lowp_data_ != w.data_ptr()) {
+    torch::NoGradGuard no_grad;
+    weight_lowp_ = w.detach().to(dtype);
+    weight_lowp_version_ = static_cast<int64_t>(w._version());
+    weight_lowp_data_ = w.data_ptr();
+  }
+  return weight_lowp_;
+}
+
 void DeferredLinear::weights_changed() {
+  weight_lowp_version_ = -1;
   weight_t_version_ = -1;
   packed_version_ = -1;
 }
@@ -106,13 +127,23 @@ torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
     throw BatchError("Linear layer expects inputs of shape (..., " + std::to_string(in) + "), got " +
                      c10::str(x.sizes()));
   }
-  if (x.scalar_type() != weight.scalar_type()) {
+  // Autocast's compute dtype: a float32 input (the first layer's) is cast to it here, as
+  // autocast's own Linear would (the cast is differentiable, so dx comes back in float32).
+  const auto compute = autocast_dtype(x.device());
+  const bool low = compute != weight.scalar_type() && weight.scalar_type() == torch::kFloat &&
+                   (x.scalar_type() == torch::kFloat || x.scalar_type() == compute);
+  if (!low && x.scalar_type() != weight.scalar_type()) {
     throw BatchError(std::string("Linear layer expects ") + c10::toString(weight.scalar_type()) + " inputs, got " +
                      c10::toString(x.scalar_type()) + "; convert the batch (or the model) to one dtype");
   }
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = weight.size(0);
-  const auto x2d = x.reshape({-1, in});
+  const auto x2d = low ? x.reshape({-1, in}).to(compute) : x.reshape({-1, in});
+  if (low && !torch::GradMode::is_enabled()) {
+    const auto& w = weight_in(compute);
+    torch::Tensor y = bias.defined() ? torch::addmm(bias.to(compute), x2d, w.t()) : torch::mm(x2d, w.t());
+    return y.reshape(out_shape);
+  }
   if (!torch::GradMode::is_enabled()) {
     if (native_eligible(x2d)) return native_linear(x2d, weight, bias).reshape(out_shape);
     torch::Tensor y = kernel_ == GemmKernel::OneDnn ? gemm(x2d, weight_transposed(), kernel_)
@@ -280,7 +311,9 @@ void DeferredLinear::group_product(const std::vector<int64_t>& mbs) {
   const auto x = xs.size() == 1 ? xs.front() : torch::cat(xs);
   const auto dy = dys.size() == 1 ? dys.front() : torch::cat(dys);
   auto& weight = layer_->weight;
-  torch::Tensor dw = gemm(dy.t(), x, kernel_);
+  // Low precision: one product over the group's rows (float32 sums inside the GEMM, one
+  // rounding), then float32 into .grad.
+  torch::Tensor dw = gemm(dy.t(), x, kernel_).to(weight.scalar_type());
   if (weight.grad().defined()) {
     weight.mutable_grad().add_(dw);
   } else {
@@ -288,7 +321,7 @@ void DeferredLinear::group_product(const std::vector<int64_t>& mbs) {
   }
   auto& bias = layer_->bias;
   if (bias.defined()) {
-    auto db = dy.sum(0);
+    auto db = dy.sum(0, /*keepdim=*/false, bias.scalar_type());
     if (bias.grad().defined()) {
       bias.mutable_grad().add_(db);
     } else {

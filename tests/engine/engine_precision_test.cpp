@@ -73,14 +73,19 @@ struct PrecisionCase {
   std::string precision;
   std::string schedule;
   int stages, chunks, checkpoint_interval, replicas;
+  bool deferred_linear = false;
 };
 void PrintTo(const PrecisionCase& c, std::ostream* out) { *out << c.name; }
 
 class EnginePrecision : public ::testing::TestWithParam<PrecisionCase> {};
 
-// Both runs compute each micro-batch with the same low-precision ops on the same values and
-// accumulate float32 gradients in the same order, so they agree to float32 summation order
-// (replicas average in another order): the oracle's default tolerance holds.
+// Without the fused Linear path both runs compute each micro-batch with the same low-precision
+// ops on the same values and accumulate float32 gradients in the same order, so they agree to
+// float32 summation order (replicas average in another order): the oracle's default tolerance.
+// The fused path computes a group's weight gradient as one bf16 product over all its rows (one
+// rounding of the sum, 2^-9 relative, where autocast rounds each micro-batch's product): after
+// 3 steps at lr 0.05 parameters move apart by about 3 x 0.05 x 2^-9 x |dW|, so rtol 1e-3 and
+// atol 1e-4 for those cases.
 TEST_P(EnginePrecision, PipelineEqualsOneProcessInTheSamePrecision) {
   const auto& p = GetParam();
   if (p.precision == "fp16" && !fp16_on_cpu()) GTEST_SKIP() << "this LibTorch has no float16 on the CPU";
@@ -90,11 +95,16 @@ TEST_P(EnginePrecision, PipelineEqualsOneProcessInTheSamePrecision) {
   c.config.set_precision(p.precision);
   c.config.pipeline.chunks = p.chunks;
   c.config.pipeline.activation_checkpoint_interval = p.checkpoint_interval;
+  c.config.pipeline.deferred_linear = p.deferred_linear;
   c.stages = p.stages;
   c.replicas = p.replicas;
   c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 6, 3); };
   OracleRun pipelined;
-  expect_same_training(c, 1e-4, 1e-6, &pipelined);
+  if (p.deferred_linear) {
+    expect_same_training(c, 1e-3, 1e-4, &pipelined);
+  } else {
+    expect_same_training(c, 1e-4, 1e-6, &pipelined);
+  }
   for (const auto& [name, t] : pipelined.params) EXPECT_EQ(t.scalar_type(), torch::kFloat) << name << ": master weights";
 }
 
@@ -106,6 +116,10 @@ INSTANTIATE_TEST_SUITE_P(
                       PrecisionCase{"bf16_interleaved_P2_V2", "bf16", "interleaved", 2, 2, 0, 1},
                       PrecisionCase{"bf16_zb_h1_P2", "bf16", "zb-h1", 2, 1, 0, 1},
                       PrecisionCase{"bf16_1f1b_P2_D2", "bf16", "1f1b", 2, 1, 0, 2},
+                      PrecisionCase{"bf16_fused_1f1b_P2", "bf16", "1f1b", 2, 1, 0, 1, true},
+                      PrecisionCase{"bf16_fused_zb_h1_P3", "bf16", "zb-h1", 3, 1, 0, 1, true},
+                      PrecisionCase{"bf16_fused_1f1b_P2_D2_checkpoint1", "bf16", "1f1b", 2, 1, 1, 2, true},
+                      PrecisionCase{"fp16_fused_1f1b_P2", "fp16", "1f1b", 2, 1, 0, 1, true},
                       PrecisionCase{"fp16_1f1b_P2", "fp16", "1f1b", 2, 1, 0, 1},
                       PrecisionCase{"fp16_1f1b_P2_D2", "fp16", "1f1b", 2, 1, 0, 2}),
     [](const auto& info) { return info.param.name; });

@@ -16,6 +16,10 @@ c10::ScalarType compute_dtype(const std::string& precision);
 // under autocast): bfloat16 on CPUs, float16 on CPUs only from LibTorch 2.x, both on CUDA.
 bool low_precision_supported(torch::Device device, c10::ScalarType dtype);
 
+// What autocast makes a Linear on `device` compute in on this thread: its dtype when autocast
+// is on for that device type, else Float.
+c10::ScalarType autocast_dtype(torch::Device device);
+
 // The autocast settings of the calling thread for the CPU and CUDA.
 struct AutocastState {
   bool cpu_enabled = false;

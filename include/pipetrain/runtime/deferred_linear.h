@@ -36,7 +36,9 @@ class DeferredLinear {
   DeferredLinear(torch::nn::Linear layer, GemmKernel kernel);
 
   // y = x W^T + b for x of shape (..., in). With grad mode on, keeps x under `mb` and returns
-  // an output whose backward computes dx only and keeps dy under `mb`.
+  // an output whose backward computes dx only and keeps dy under `mb`. Under autocast (bf16 or
+  // fp16 compute) x, W and b are taken in that dtype and the weight gradient of a group of
+  // micro-batches is one low-precision product added to the float32 .grad.
   torch::Tensor forward(const torch::Tensor& x, int64_t mb);
 
   // Adds the weight (and bias) gradients of micro-batches `mbs` to the parameters' .grad; each
@@ -79,6 +81,8 @@ class DeferredLinear {
   friend struct DeferredLinearFunction;
   const torch::Tensor& weight_transposed();  // W^T, contiguous, refreshed when W changes
   const PackedWeight& packed_weight();       // W for dx = dy W, refreshed when W changes
+  // W in `dtype` (autocast's bf16/fp16 compute), refreshed when W changes.
+  const torch::Tensor& weight_in(c10::ScalarType dtype);
   bool native_eligible(const torch::Tensor& x) const;
   size_t order_end_of(const std::vector<int64_t>& mbs) const;  // position after the last of mbs in order_
   // Backward kept dy of `mb`: it joins the native accumulator's order when the kernel takes it.
@@ -96,6 +100,9 @@ class DeferredLinear {
   torch::Tensor weight_t_;
   int64_t weight_t_version_ = -1;
   const void* weight_t_data_ = nullptr;
+  torch::Tensor weight_lowp_;
+  int64_t weight_lowp_version_ = -1;
+  const void* weight_lowp_data_ = nullptr;
   PackedWeight packed_;
   int64_t packed_version_ = -1;
   const void* packed_data_ = nullptr;
