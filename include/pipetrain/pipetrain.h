@@ -3,7 +3,9 @@
 
 #include "pipetrain/error.h"
 #include "pipetrain/util/blas.h"
+#include "pipetrain/util/crc32c.h"
 #include "pipetrain/util/log.h"
+#include "pipetrain/util/tensorboard.h"
 #include "pipetrain/version.h"
 #include "pipetrain/batch/batch.h"
 #include "pipetrain/batch/data_iterator.h"

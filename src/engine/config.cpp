@@ -1,140 +1,22 @@
 // The engine's JSON configuration, with DeepSpeed's key names where they exist.
 #include "pipetrain/engine/config.h"
 
+#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
+#include "config_reader.h"
+#include "deepspeed_keys.h"
 #include "pipetrain/error.h"
+#include "pipetrain/util/log.h"
 
 namespace pipetrain {
 namespace {
 
 using nlohmann::json;
-
-// Reads one JSON object strictly: typed getters, and a final check that names unknown keys.
-class ObjectReader {
- public:
-  ObjectReader(const json& object, std::string path, std::string origin)
-      : object_(object), path_(std::move(path)), origin_(std::move(origin)) {
-    if (!object_.is_object()) fail(path_.empty() ? "the config" : path_, "must be a JSON object");
-  }
-
-  bool has(const std::string& key) {
-    known_.insert(key);
-    return object_.contains(key) && !object_.at(key).is_null();
-  }
-
-  int64_t integer(const std::string& key, int64_t fallback, int64_t min_value) {
-    if (!has(key)) return fallback;
-    const json& v = object_.at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < min_value) {
-      fail(name(key), "must be an integer >= " + std::to_string(min_value) + ", got " + v.dump());
-    }
-    return v.get<int64_t>();
-  }
-
-  double number(const std::string& key, double fallback, double min_value) {
-    if (!has(key)) return fallback;
-    const json& v = object_.at(key);
-    if (!v.is_number() || v.get<double>() < min_value) {
-      fail(name(key), "must be a number >= " + format_number(min_value) + ", got " + v.dump());
-    }
-    return v.get<double>();
-  }
-
-  bool boolean(const std::string& key, bool fallback) {
-    if (!has(key)) return fallback;
-    const json& v = object_.at(key);
-    if (!v.is_boolean()) fail(name(key), "must be true or false, got " + v.dump());
-    return v.get<bool>();
-  }
-
-  std::string string(const std::string& key, const std::string& fallback,
-                     const std::vector<std::string>& allowed = {}) {
-    if (!has(key)) return fallback;
-    const json& v = object_.at(key);
-    if (!v.is_string()) fail(name(key), "must be a string, got " + v.dump());
-    const auto s = v.get<std::string>();
-    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
-      fail(name(key), "is \"" + s + "\"; expected one of " + join(allowed));
-    }
-    return s;
-  }
-
-  std::vector<int64_t> integers(const std::string& key, int64_t min_value) {
-    if (!has(key)) return {};
-    const json& v = object_.at(key);
-    bool ok = v.is_array();
-    std::vector<int64_t> out;
-    for (size_t i = 0; ok && i < v.size(); ++i) {
-      ok = v[i].is_number_integer() && v[i].get<int64_t>() >= min_value;
-      if (ok) out.push_back(v[i].get<int64_t>());
-    }
-    if (!ok) {
-      fail(name(key), "must be a list of integers >= " + std::to_string(min_value) + ", got " + v.dump());
-    }
-    return out;
-  }
-
-  std::vector<double> numbers(const std::string& key, size_t count) {
-    const json& v = object_.at(key);
-    if (!v.is_array() || v.size() != count || !std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number(); })) {
-      fail(name(key), "must be a list of " + std::to_string(count) + " numbers, got " + v.dump());
-    }
-    return v.get<std::vector<double>>();
-  }
-
-  ObjectReader object(const std::string& key) {
-    known_.insert(key);
-    return ObjectReader(object_.at(key), name(key), origin_);
-  }
-
-  // Every key not asked for is an error: DeepSpeed silently ignores typos, we do not.
-  void finish() const {
-    std::vector<std::string> unknown;
-    for (const auto& item : object_.items()) {
-      if (!known_.count(item.key())) unknown.push_back(item.key());
-    }
-    if (unknown.empty()) return;
-    std::vector<std::string> known(known_.begin(), known_.end());
-    throw ConfigError(origin_ + ": unknown key" + (unknown.size() > 1 ? "s " : " ") +
-                      join(prefixed(unknown)) + (path_.empty() ? "" : " in \"" + path_ + "\"") +
-                      "; known keys here: " + join(known) + ". Remove or rename " +
-                      (unknown.size() > 1 ? "them" : "it"));
-  }
-
-  [[noreturn]] void fail(const std::string& what, const std::string& problem) const {
-    throw ConfigError(origin_ + ": \"" + what + "\" " + problem);
-  }
-
- private:
-  std::string name(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
-
-  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
-    std::vector<std::string> out;
-    for (const auto& k : keys) out.push_back("\"" + name(k) + "\"");
-    return out;
-  }
-
-  static std::string join(const std::vector<std::string>& items) {
-    std::string out;
-    for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
-    return out;
-  }
-
-  static std::string format_number(double v) {
-    std::ostringstream s;
-    s << v;
-    return s.str();
-  }
-
-  const json& object_;
-  std::string path_;
-  std::string origin_;
-  std::set<std::string> known_;
-};
+using config_detail::ObjectReader;
+namespace deepspeed = config_detail::deepspeed;
 
 const std::vector<std::string> kOptimizers{"SGD", "Adam", "AdamW", "RMSprop", "Adagrad"};
 const std::vector<std::string> kSchedulers{"WarmupLR", "WarmupDecayLR"};
@@ -144,6 +26,7 @@ OptimizerConfig read_optimizer(ObjectReader& reader) {
   opt.type = reader.string("type", opt.type, kOptimizers);
   if (reader.has("params")) {
     auto params = reader.object("params");
+    params.accept_auto({"lr", "betas", "eps", "weight_decay"}).ignore(deepspeed::kOptimizerParams);
     opt.lr = params.number("lr", opt.lr, 0.0);
     opt.momentum = params.number("momentum", opt.momentum, 0.0);
     opt.nesterov = params.boolean("nesterov", opt.nesterov);
@@ -156,25 +39,39 @@ OptimizerConfig read_optimizer(ObjectReader& reader) {
     }
     params.finish();
   }
-  reader.finish();
+  reader.ignore(deepspeed::kOptimizer).finish();
   return opt;
 }
 
 SchedulerConfig read_scheduler(ObjectReader& reader) {
   SchedulerConfig s;
   s.type = reader.string("type", "", kSchedulers);
+  bool total_is_auto = false;
   if (reader.has("params")) {
     auto params = reader.object("params");
+    params.accept_auto({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_num_steps"})
+        .ignore(deepspeed::kSchedulerParams);
     s.warmup_min_lr = params.number("warmup_min_lr", s.warmup_min_lr, 0.0);
     s.warmup_max_lr = params.number("warmup_max_lr", s.warmup_max_lr, 0.0);
     s.warmup_num_steps = params.integer("warmup_num_steps", s.warmup_num_steps, 0);
     s.total_num_steps = params.integer("total_num_steps", s.total_num_steps, 0);
+    total_is_auto = params.is_auto("total_num_steps");
+    // DeepSpeed warms up logarithmically by default; pipetrain's warm-up is linear.
+    const auto warmup_type = params.string("warmup_type", "linear");
+    if (warmup_type != "linear") {
+      params.warn("\"scheduler.params.warmup_type\" is \"" + warmup_type +
+                  "\", which pipetrain does not implement; the warm-up is linear");
+    }
     params.finish();
   }
   if (s.type == "WarmupDecayLR" && s.total_num_steps <= s.warmup_num_steps) {
     reader.fail("scheduler.params.total_num_steps",
-                "must be greater than warmup_num_steps (" + std::to_string(s.warmup_num_steps) +
-                    ") for WarmupDecayLR, got " + std::to_string(s.total_num_steps));
+                total_is_auto
+                    ? "is \"auto\", which pipetrain cannot derive for WarmupDecayLR (the config does not "
+                      "give the run's length); give the number of steps, greater than warmup_num_steps (" +
+                          std::to_string(s.warmup_num_steps) + ")"
+                    : "must be greater than warmup_num_steps (" + std::to_string(s.warmup_num_steps) +
+                          ") for WarmupDecayLR, got " + std::to_string(s.total_num_steps));
   }
   reader.finish();
   return s;
@@ -182,6 +79,7 @@ SchedulerConfig read_scheduler(ObjectReader& reader) {
 
 PipelineConfig read_pipeline(ObjectReader& reader) {
   PipelineConfig p;
+  reader.accept_auto({"stages"}).ignore(deepspeed::kPipeline);
   p.stages = reader.integer("stages", p.stages, 0);
   p.activation_checkpoint_interval =
       reader.integer("activation_checkpoint_interval", p.activation_checkpoint_interval, 0);
@@ -216,6 +114,7 @@ PipelineConfig read_pipeline(ObjectReader& reader) {
 
 Fp16Config read_fp16(ObjectReader& reader) {
   Fp16Config f;
+  reader.accept_auto({"enabled"}).ignore(deepspeed::kFp16);
   f.enabled = reader.boolean("enabled", f.enabled);
   f.loss_scale = reader.number("loss_scale", f.loss_scale, 0.0);
   f.initial_scale_power = reader.integer("initial_scale_power", f.initial_scale_power, 0);
@@ -228,6 +127,52 @@ Fp16Config read_fp16(ObjectReader& reader) {
   }
   reader.finish();
   return f;
+}
+
+Bf16Config read_bf16(ObjectReader& reader) {
+  Bf16Config b;
+  reader.accept_auto({"enabled"}).ignore(deepspeed::kBf16);
+  b.enabled = reader.boolean("enabled", b.enabled);
+  reader.finish();
+  return b;
+}
+
+// The block, or DeepSpeed's deprecated boolean form (true = stage 1).
+ZeroConfig read_zero(ObjectReader& parent) {
+  ZeroConfig z;
+  if (parent.value("zero_optimization").is_boolean()) {
+    z.stage = parent.boolean("zero_optimization", false) ? 1 : 0;
+  } else {
+    auto reader = parent.object("zero_optimization");
+    reader.accept_auto(deepspeed::kZeroOptimizationAuto).ignore(deepspeed::kZeroOptimization);
+    z.stage = reader.integer("stage", z.stage, 0);
+    reader.finish();
+  }
+  z.check(parent.origin());
+  return z;
+}
+
+TensorBoardConfig read_tensorboard(ObjectReader& reader) {
+  TensorBoardConfig t;
+  t.enabled = reader.boolean("enabled", t.enabled);
+  t.output_path = reader.string("output_path", t.output_path);
+  t.job_name = reader.string("job_name", t.job_name);
+  if (t.job_name.empty()) {
+    reader.fail("tensorboard.job_name", "is empty; give a name (the directory inside output_path)");
+  }
+  reader.finish();
+  return t;
+}
+
+// wandb, csv_monitor, comet: DeepSpeed monitors pipetrain does not write.
+void read_monitor(ObjectReader& reader, const std::string& key, const std::string& what,
+                  const std::vector<std::string>& keys) {
+  for (const auto& k : keys) reader.has(k);  // accepted, and meaningless here
+  if (reader.boolean("enabled", false)) {
+    reader.warn("\"" + key + "\" is enabled, but pipetrain does not log to " + what +
+                ": not supported; ignored (pipetrain train writes TensorBoard event files: see \"tensorboard\")");
+  }
+  reader.finish();
 }
 
 }  // namespace
@@ -299,14 +244,30 @@ void EngineConfig::resolve_batch_sizes(int64_t replicas) {
   }
 }
 
-EngineConfig EngineConfig::from_json_text(const std::string& text, const std::string& origin) {
+void ZeroConfig::check(const std::string& origin) const {
+  const std::string key = origin + ": \"zero_optimization.stage\" is " + std::to_string(stage);
+  if (stage == 1) {
+    throw ConfigError(key + ": ZeRO-1 (optimizer state sharded across data-parallel replicas) is not "
+                      "implemented yet; it comes with the data-parallel work of issue 18. Use stage 0");
+  }
+  if (stage == 2 || stage == 3) {
+    throw ConfigError(key + ": ZeRO stage 2/3 does not combine with pipeline parallelism (as in DeepSpeed); "
+                      "use stage 0 or 1");
+  }
+  if (stage != 0) throw ConfigError(key + ": DeepSpeed's stages are 0 to 3; use stage 0");
+}
+
+EngineConfig EngineConfig::from_json_text(const std::string& text, const std::string& origin, ConfigWarnings warn) {
   json doc;
   try {
     doc = json::parse(text);
   } catch (const json::parse_error& e) {
     throw ConfigError(origin + ": not valid JSON (" + e.what() + ")");
   }
-  ObjectReader reader(doc, "", origin);
+  ObjectReader reader(doc, origin);
+  reader.accept_auto({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                      "gradient_clipping"})
+      .ignore(deepspeed::kTopLevel);
   EngineConfig c;
   c.train_batch_size = reader.integer("train_batch_size", 0, 1);
   c.train_micro_batch_size_per_gpu = reader.integer("train_micro_batch_size_per_gpu", 0, 1);
@@ -331,22 +292,48 @@ EngineConfig EngineConfig::from_json_text(const std::string& text, const std::st
     auto r = reader.object("fp16");
     c.fp16 = read_fp16(r);
   }
-  if (reader.has("bf16")) {
-    auto r = reader.object("bf16");
-    c.bf16.enabled = r.boolean("enabled", false);
-    r.finish();
+  // "bfloat16" is DeepSpeed's older name of the block.
+  if (reader.has("bf16") && reader.has("bfloat16")) {
+    reader.fail("bfloat16", "is the older name of \"bf16\", which is also given; keep one of them");
+  }
+  for (const char* key : {"bf16", "bfloat16"}) {
+    if (!reader.has(key)) continue;
+    auto r = reader.object(key);
+    c.bf16 = read_bf16(r);
+  }
+  if (reader.has("zero_optimization")) c.zero_optimization = read_zero(reader);
+  if (reader.has("tensorboard")) {
+    auto r = reader.object("tensorboard");
+    c.tensorboard = read_tensorboard(r);
+  }
+  const std::vector<std::array<std::string, 2>> monitors{
+      {"wandb", "Weights & Biases"}, {"csv_monitor", "CSV files"}, {"comet", "Comet"}};
+  for (const auto& [key, what] : monitors) {
+    if (!reader.has(key)) continue;
+    auto r = reader.object(key);
+    read_monitor(r, key, what,
+                 key == "wandb" ? deepspeed::kWandb : key == "comet" ? deepspeed::kComet : deepspeed::kCsvMonitor);
   }
   reader.finish();
   (void)c.precision();  // both enabled: the error names the two keys
+
+  if (!reader.ignored().empty()) {
+    c.warnings.push_back(origin + ": DeepSpeed keys that pipetrain does not implement are ignored: " +
+                         ObjectReader::quoted(reader.ignored()));
+  }
+  c.warnings.insert(c.warnings.end(), reader.warnings().begin(), reader.warnings().end());
+  if (warn == ConfigWarnings::Log) {
+    for (const auto& w : c.warnings) util::log_warn(w);
+  }
   return c;
 }
 
-EngineConfig EngineConfig::from_file(const std::string& path) {
+EngineConfig EngineConfig::from_file(const std::string& path, ConfigWarnings warn) {
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read config file " + path + "; check the path");
   std::stringstream text;
   text << in.rdbuf();
-  return from_json_text(text.str(), path);
+  return from_json_text(text.str(), path, warn);
 }
 
 std::string EngineConfig::to_json_text() const {
@@ -388,6 +375,10 @@ std::string EngineConfig::to_json_text() const {
                {"loss_scale_window", fp16.loss_scale_window},
                {"hysteresis", fp16.hysteresis},
                {"min_loss_scale", fp16.min_loss_scale}};
+  j["zero_optimization"] = {{"stage", zero_optimization.stage}};
+  j["tensorboard"] = {{"enabled", tensorboard.enabled},
+                      {"output_path", tensorboard.output_path},
+                      {"job_name", tensorboard.job_name}};
   return j.dump(2);
 }
 

@@ -244,5 +244,28 @@ TEST_F(Examples, ConfigFileKeysOverrideTheDefaults) {
   EXPECT_THROW(example_config(ex, dir + "/missing.json"), ConfigError);
 }
 
+// A DeepSpeed user's file: "auto" keeps the example's values (as an absent key does), the
+// precision, ZeRO and TensorBoard blocks carry over, and the warnings come along.
+TEST_F(Examples, ConfigFileAutoKeepsTheExamplesValuesAndDeepSpeedBlocksCarryOver) {
+  const Example ex = make_example("mlp");
+  const EngineConfig plain = ex.engine_config();
+  const auto dir = pipetrain::testing::scratch_dir("example_config_auto");
+  std::ofstream(dir + "/ds.json") << R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+      "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "prescale_gradients": false,
+      "bf16": {"enabled": true}, "zero_optimization": {"stage": 0},
+      "tensorboard": {"enabled": true, "output_path": "/tmp/tb", "job_name": "mlp"}})";
+  const EngineConfig c = example_config(ex, dir + "/ds.json", ConfigWarnings::Collect);
+  EXPECT_EQ(c.train_batch_size, plain.train_batch_size);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, plain.train_micro_batch_size_per_gpu);
+  EXPECT_EQ(c.gradient_accumulation_steps, plain.gradient_accumulation_steps);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, plain.gradient_clipping);
+  EXPECT_EQ(c.precision(), "bf16");
+  EXPECT_EQ(c.zero_optimization.stage, 0);
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.job_name, "mlp");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("\"prescale_gradients\""), std::string::npos) << c.warnings[0];
+}
+
 }  // namespace
 }  // namespace pipetrain::examples

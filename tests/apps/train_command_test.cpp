@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 
+#include "support/tfevents_reader.h"
+
 namespace pipetrain::apps {
 namespace {
 
@@ -66,6 +68,53 @@ class TrainCommand : public ::testing::Test {
   fs::path dir_;
 };
 
+// The step losses of a run directory's metrics.jsonl, in order.
+std::vector<double> step_losses(const fs::path& dir) {
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<double> losses;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = json::parse(line);
+    if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+// One TensorBoard scalar: the event's step and value.
+struct Scalar {
+  int64_t step;
+  float value;
+};
+
+// The scalars tagged `tag` in every event file under `dir` (files in name order, which is
+// creation order within a second), checksums checked by the reader.
+std::vector<Scalar> scalars(const fs::path& dir, const std::string& tag) {
+  std::vector<Scalar> out;
+  for (const auto& file : pipetrain::testing::find_tfevents(dir)) {
+    const auto events = pipetrain::testing::read_tfevents(file);
+    EXPECT_FALSE(events.empty()) << file;
+    if (!events.empty()) {
+      EXPECT_EQ(events[0].file_version, "brain.Event:2") << file;
+    }
+    for (const auto& e : events) {
+      for (const auto& [t, v] : e.scalars) {
+        if (t == tag) out.push_back({e.step, v});
+      }
+    }
+  }
+  return out;
+}
+
+// train_loss as TensorBoard got it: DeepSpeed's step (samples so far) and the metrics' losses.
+void expect_train_losses(const fs::path& tb_dir, const std::vector<double>& losses, int64_t batch) {
+  const auto got = scalars(tb_dir, "Train/Samples/train_loss");
+  ASSERT_EQ(got.size(), losses.size()) << tb_dir;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].step, static_cast<int64_t>(i + 1) * batch) << i;
+    EXPECT_FLOAT_EQ(got[i].value, static_cast<float>(losses[i])) << i;
+  }
+}
+
 TEST_F(TrainCommand, MlpShortRunWritesSummaryAndRunDirectory) {
   const auto r = cli("train --example mlp --steps 3 --run-dir " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.output;
@@ -90,6 +139,10 @@ TEST_F(TrainCommand, MlpShortRunWritesSummaryAndRunDirectory) {
   std::string line;
   while (std::getline(metrics, line)) lines += json::parse(line).contains("loss");
   EXPECT_EQ(lines, 3);
+  // TensorBoard events go to the run directory by default.
+  EXPECT_EQ(s["tensorboard"], (dir_ / "tensorboard").string());
+  const int64_t batch = s["micro_batches"].get<int64_t>() * s["micro_batch_size"].get<int64_t>();
+  expect_train_losses(dir_ / "tensorboard", step_losses(dir_), batch);
 
   // Resume under another layout (4 stages) for two more steps.
   const auto again = cli("train --example mlp --steps 5 --stages 4 --resume --run-dir " + dir_.string());
@@ -98,18 +151,9 @@ TEST_F(TrainCommand, MlpShortRunWritesSummaryAndRunDirectory) {
   const auto s2 = last_line_json(again.output);
   EXPECT_EQ(s2["first_step"], 3);
   EXPECT_EQ(s2["stages"], 4);
-}
-
-// The step losses of a run directory's metrics.jsonl, in order.
-std::vector<double> step_losses(const fs::path& dir) {
-  std::ifstream in(dir / "metrics.jsonl");
-  std::vector<double> losses;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = json::parse(line);
-    if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
-  }
-  return losses;
+  // The resumed run adds its own event file, continuing DeepSpeed's sample count.
+  EXPECT_EQ(pipetrain::testing::find_tfevents(dir_ / "tensorboard").size(), 2u);
+  expect_train_losses(dir_ / "tensorboard", step_losses(dir_), batch);
 }
 
 TEST_F(TrainCommand, KilledRankRestartsTheGroupWhichResumesAsIfNothingHappened) {
@@ -195,6 +239,50 @@ TEST_F(TrainCommand, GptShortRunPrintsASample) {
   EXPECT_EQ(s["sample"].get<std::string>().size() > 0, true);
   EXPECT_TRUE(std::isfinite(s["val_loss"].get<double>())) << s.dump();
   expect_run_files();
+}
+
+// A DeepSpeed user's config (bf16, ZeRO stage 0, "auto", an ignored DeepSpeed key) is accepted,
+// its one warning is printed once, and the TensorBoard events go where its "tensorboard" says,
+// with DeepSpeed's names and steps.
+TEST_F(TrainCommand, DeepSpeedConfigWithTensorBoardWritesEventsThere) {
+  fs::create_directories(dir_);
+  const fs::path tb = dir_ / "tb-out", run = dir_ / "run", config = dir_ / "ds_config.json";
+  std::ofstream(config) << R"({
+    "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": 1.0, "prescale_gradients": false,
+    "steps_per_print": 10, "wall_clock_breakdown": false,
+    "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16},
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 0, "reduce_bucket_size": "auto"},
+    "tensorboard": {"enabled": true, "output_path": ")" + tb.string() + R"(", "job_name": "mlp_job"},
+    "wandb": {"enabled": false, "project": "pipetrain"}})";
+  const auto r = cli("train --example mlp --steps 3 --config " + config.string() + " --run-dir " + run.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["tensorboard"], (tb / "mlp_job").string());
+  const std::string warning = "DeepSpeed keys that pipetrain does not implement are ignored: \"prescale_gradients\"";
+  const auto first = r.output.find(warning);
+  EXPECT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(warning, first + 1), std::string::npos) << "logged more than once:\n" << r.output;
+
+  const auto files = pipetrain::testing::find_tfevents(tb);
+  ASSERT_EQ(files.size(), 1u) << r.output;
+  EXPECT_EQ(files[0].parent_path(), tb / "mlp_job");
+  EXPECT_FALSE(fs::exists(run / "tensorboard"));  // moved, not copied
+  const auto losses = step_losses(run);
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_DOUBLE_EQ(losses.back(), s["final_loss"].get<double>());
+  const int64_t batch = s["micro_batches"].get<int64_t>() * s["micro_batch_size"].get<int64_t>();
+  expect_train_losses(tb, losses, batch);
+  for (const char* tag : {"Train/Samples/lr", "Train/Samples/loss_scale", "Train/Samples/samples_per_sec"}) {
+    const auto values = scalars(tb, tag);
+    ASSERT_EQ(values.size(), 3u) << tag;
+    for (const auto& v : values) EXPECT_GT(v.value, 0.0f) << tag;
+  }
+  EXPECT_EQ(scalars(tb, "Train/Samples/loss_scale")[0].value, 1.0f);  // not fp16
+  const auto eval = scalars(tb, "Eval/Samples/eval_loss");
+  ASSERT_EQ(eval.size(), 1u);
+  EXPECT_EQ(eval[0].step, 3 * batch);
+  EXPECT_FLOAT_EQ(eval[0].value, static_cast<float>(s["eval_loss"].get<double>()));
 }
 
 TEST_F(TrainCommand, BadArgumentsGiveOneLineAndUsage) {

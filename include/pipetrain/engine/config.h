@@ -17,10 +17,17 @@
 //                  "on_nonfinite_loss": "error", "deferred_linear": true, "gemm_kernel": "auto"},
 //     "bf16": {"enabled": false},
 //     "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-//              "hysteresis": 2, "min_loss_scale": 1}
+//              "hysteresis": 2, "min_loss_scale": 1},
+//     "zero_optimization": {"stage": 0},       // 0 only, for now (ZeroConfig::check)
+//     "tensorboard": {"enabled": true, "output_path": "runs/tb", "job_name": "gpt"}
 //   }
 //
 // Unknown keys are an error naming them, so a typo never silently falls back to a default.
+// DeepSpeed's own keys that pipetrain does not implement (prescale_gradients, amp, ZeRO's
+// buckets, fp16.auto_cast, ...) are accepted and named in one warning; "wandb", "csv_monitor"
+// and "comet" are accepted and warned about when enabled; "auto" (as the HF Trainer writes it)
+// means the key's default where DeepSpeed allows it (batch sizes, gradient_clipping, optimizer
+// and scheduler params, fp16/bf16.enabled, ZeRO's buckets).
 #pragma once
 
 #include <array>
@@ -83,6 +90,26 @@ struct Bf16Config {
   bool enabled = false;
 };
 
+// DeepSpeed's "zero_optimization" block. Only stage 0 (off) runs; see check().
+struct ZeroConfig {
+  int64_t stage = 0;
+  // ConfigError (prefixed by `origin`) for a stage pipetrain cannot run. The one place to change
+  // when ZeRO-1 arrives with data-parallel sharding (issue 18).
+  void check(const std::string& origin = "config") const;
+};
+
+// DeepSpeed's "tensorboard" block: where `pipetrain train` writes TensorBoard event files.
+struct TensorBoardConfig {
+  bool enabled = false;
+  std::string output_path;                    // "" = <run directory>/tensorboard
+  std::string job_name = "DeepSpeedJobName";  // a directory inside output_path
+};
+
+// What a parse does with its warnings: both keep them in EngineConfig::warnings; Log also writes
+// each one once to the log (util::log_warn). Collect is for callers that log them themselves
+// (one rank of many).
+enum class ConfigWarnings { Log, Collect };
+
 struct EngineConfig {
   int64_t train_batch_size = 0;                // 0 = derive from the other two
   int64_t train_micro_batch_size_per_gpu = 0;  // 0 = derive
@@ -96,6 +123,11 @@ struct EngineConfig {
   PipelineConfig pipeline;
   Fp16Config fp16;
   Bf16Config bf16;
+  ZeroConfig zero_optimization;
+  TensorBoardConfig tensorboard;
+  // Filled by the parser: DeepSpeed keys it ignored, monitors it does not write. Not written
+  // by to_json_text.
+  std::vector<std::string> warnings;
 
   // "fp32", "bf16" or "fp16", from the two blocks (both enabled is a ConfigError at parse).
   std::string precision() const;
@@ -108,8 +140,9 @@ struct EngineConfig {
   void resolve_batch_sizes(int64_t replicas);
 
   // Parses a JSON document; `origin` names it in errors (a file name).
-  static EngineConfig from_json_text(const std::string& text, const std::string& origin = "config");
-  static EngineConfig from_file(const std::string& path);
+  static EngineConfig from_json_text(const std::string& text, const std::string& origin = "config",
+                                     ConfigWarnings warn = ConfigWarnings::Log);
+  static EngineConfig from_file(const std::string& path, ConfigWarnings warn = ConfigWarnings::Log);
   std::string to_json_text() const;
 };
 

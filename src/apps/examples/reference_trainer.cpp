@@ -24,16 +24,19 @@ double seconds_since(Clock::time_point start) {
 
 }  // namespace
 
-EngineConfig example_config(const Example& example, const std::string& config_file) {
+EngineConfig example_config(const Example& example, const std::string& config_file, ConfigWarnings warn) {
   EngineConfig config = example.engine_config();
   if (config_file.empty()) return config;
   std::ifstream in(config_file);
   if (!in) throw ConfigError("cannot read config file " + config_file + "; check the path");
   std::stringstream text;
   text << in.rdbuf();
-  const EngineConfig file = EngineConfig::from_json_text(text.str(), config_file);
+  const EngineConfig file = EngineConfig::from_json_text(text.str(), config_file, warn);
   const auto keys = nlohmann::json::parse(text.str());  // valid: from_json_text accepted it
-  auto has = [&](const char* key) { return keys.contains(key); };
+  // "auto" (HF Trainer's) leaves the example's value, as an absent key does.
+  auto has = [&](const char* key) {
+    return keys.contains(key) && !keys[key].is_null() && keys[key] != "auto";
+  };
   if (has("optimizer")) config.optimizer = file.optimizer;
   if (has("scheduler")) config.scheduler = file.scheduler;
   if (has("gradient_clipping")) config.gradient_clipping = file.gradient_clipping;
@@ -41,6 +44,10 @@ EngineConfig example_config(const Example& example, const std::string& config_fi
   if (has("steps_per_print")) config.steps_per_print = file.steps_per_print;
   if (has("wall_clock_breakdown")) config.wall_clock_breakdown = file.wall_clock_breakdown;
   if (has("pipeline")) config.pipeline = file.pipeline;
+  if (has("fp16")) config.fp16 = file.fp16;
+  if (has("bf16") || has("bfloat16")) config.bf16 = file.bf16;
+  if (has("zero_optimization")) config.zero_optimization = file.zero_optimization;
+  if (has("tensorboard")) config.tensorboard = file.tensorboard;
   if (has("train_batch_size") || has("train_micro_batch_size_per_gpu") ||
       has("gradient_accumulation_steps")) {
     config.train_batch_size = file.train_batch_size;
@@ -48,6 +55,7 @@ EngineConfig example_config(const Example& example, const std::string& config_fi
     config.gradient_accumulation_steps = file.gradient_accumulation_steps;
     config.resolve_batch_sizes(example.replicas);
   }
+  config.warnings = file.warnings;
   return config;
 }
 

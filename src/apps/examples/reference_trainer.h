@@ -42,8 +42,11 @@ struct ReferenceResult {
 
 // The example's defaults overridden by the keys present in a JSON config file (the engine's
 // format): "optimizer", "scheduler", "gradient_clipping", "seed", "steps_per_print",
-// "pipeline", and the batch-size keys (which then replace the example's three). "" = defaults.
-EngineConfig example_config(const Example& example, const std::string& config_file = "");
+// "pipeline", "fp16", "bf16", "zero_optimization", "tensorboard", and the batch-size keys (which
+// then replace the example's three); a key whose value is "auto" counts as absent. "" = defaults.
+// `warn` says whether the parse logs its warnings (they are in the result's `warnings` either way).
+EngineConfig example_config(const Example& example, const std::string& config_file = "",
+                            ConfigWarnings warn = ConfigWarnings::Log);
 
 // The metric over every replica's evaluation shard, in evaluation mode without gradients
 // (restores training mode).

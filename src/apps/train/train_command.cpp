@@ -13,6 +13,7 @@
 #include "apps/examples/example.h"
 #include "apps/train/run_files.h"
 #include "apps/train/train_args.h"
+#include "apps/train/train_monitor.h"
 #include "apps/train/train_worker.h"
 #include "pipetrain/comm/launcher.h"
 #include "pipetrain/engine/layer_checkpoint.h"
@@ -58,6 +59,7 @@ void print_summary(const json& s) {
   if (s.contains("sample")) std::cout << "sample:\n" << s["sample"].get<std::string>() << "\n";
   std::cout << "run directory     " << s["run_dir"].get<std::string>()
             << " (metrics.jsonl, loss.svg, timeline.svg, trace.json, checkpoint/, summary.json)\n";
+  std::cout << "tensorboard       " << s["tensorboard"].get<std::string>() << "\n";
 }
 
 int run_train(TrainArgs args) {
@@ -73,6 +75,7 @@ int run_train(TrainArgs args) {
     throw UsageError("--resume: no checkpoint in " + args.run_dir + "/checkpoint; start without --resume");
   }
   fs::create_directories(args.run_dir);
+  make_tensorboard_dir(config.tensorboard, args.run_dir);  // an unwritable output_path fails here, once
   std::cout << fmt::format("pipetrain train: example {} ({}), {} stages x {} replicas as {} processes\n", ex.name,
                            ex.description, stages, args.replicas, stages * args.replicas)
             << util::describe_blas(util::blas_info()) << "\nrun directory: " << args.run_dir << std::endl;

@@ -18,6 +18,7 @@
 #include "apps/examples/example.h"
 #include "apps/examples/reference_trainer.h"
 #include "apps/train/progress.h"
+#include "apps/train/train_monitor.h"
 #include "apps/train/train_worker.h"
 #include "pipetrain/engine/layer_checkpoint.h"
 #include "pipetrain/engine/pipeline_engine.h"
@@ -25,6 +26,7 @@
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/svg.h"
 #include "pipetrain/schedule/trace.h"
+#include "pipetrain/util/log.h"
 
 namespace pipetrain::apps {
 
@@ -131,7 +133,8 @@ examples::Example make_train_example(const TrainArgs& args) {
 }
 
 EngineConfig make_train_config(const TrainArgs& args, const examples::Example& ex) {
-  auto config = examples::example_config(ex, args.config_file);
+  // Every process parses the file; rank 0 alone logs its warnings (run_train_worker).
+  auto config = examples::example_config(ex, args.config_file, ConfigWarnings::Collect);
   if (!args.schedule.empty()) config.pipeline.schedule = args.schedule;
   if (!args.precision.empty()) config.set_precision(args.precision);
   const int stages = args.stages > 0 ? args.stages
@@ -214,6 +217,9 @@ int run_train_worker(const TrainArgs& args) {
   PipelineModule module{ex.layers, ex.loss, config.pipeline.stages};
   PipelineEngine engine(std::move(module), config, comm);
   const bool lead = comm->rank() == 0;
+  if (lead) {
+    for (const auto& warning : config.warnings) util::log_warn(warning);
+  }
   const fs::path run_dir(args.run_dir);
   const auto checkpoint_dir = (run_dir / "checkpoint").string();
 
@@ -236,7 +242,11 @@ int run_train_worker(const TrainArgs& args) {
   const int64_t log_every = args.log_every > 0 ? args.log_every : std::max<int64_t>(1, total / 20);
   Progress progress(std::cout, first, total, lead && ::isatty(STDOUT_FILENO), log_every);
   std::ofstream metrics;
-  if (lead) metrics.open(run_dir / "metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
+  std::unique_ptr<TrainMonitor> monitor;
+  if (lead) {
+    metrics.open(run_dir / "metrics.jsonl", resume ? std::ios::app : std::ios::trunc);
+    monitor = std::make_unique<TrainMonitor>(tensorboard_dir(config.tensorboard, run_dir));
+  }
 
   double train_seconds = 0;
   int64_t samples = 0;
@@ -248,6 +258,7 @@ int run_train_worker(const TrainArgs& args) {
     if (lead) {
       progress.note(fmt::format("step {}: {} {:.4f}, eval loss {:.4f}", step, ex.metric.name, e.metric, e.loss));
       metrics << json({{"step", step}, {"eval_" + ex.metric.name, e.metric}, {"eval_loss", e.loss}}).dump() << "\n";
+      monitor->evaluation(step * config.train_batch_size, ex.metric.name, e.metric, e.loss);
     }
     return e;
   };
@@ -267,6 +278,9 @@ int run_train_worker(const TrainArgs& args) {
                      .dump()
               << "\n";
       metrics.flush();
+      // DeepSpeed's step for Train/Samples/* is the number of samples trained so far.
+      monitor->step((step + 1) * config.train_batch_size, last_loss, engine.last_step().lr, loss_scale_of(engine),
+                    sps);
     }
     if (args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < total) run_eval(step + 1);
     if (args.checkpoint_every > 0 && (step + 1) % args.checkpoint_every == 0 && step + 1 < total) {
@@ -329,7 +343,8 @@ int run_train_worker(const TrainArgs& args) {
                     {"bubble_measured", bubble.measured},
                     {"bubble_simulated", bubble.simulated},
                     {"ranks", per_rank},
-                    {"run_dir", run_dir.string()}};
+                    {"run_dir", run_dir.string()},
+                    {"tensorboard", monitor->path().parent_path().string()}};
     std::ofstream(run_dir / "summary.json") << summary.dump(2) << "\n";
   }
   comm->shutdown();
