@@ -79,6 +79,8 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   if (!module_.loss) throw ModuleError("the PipelineModule has no loss function");
   coord_ = topology_.coord_of(comm_->rank());
   config_.resolve_batch_sizes(topology_.replicas());
+  // A config built in code skips the parser's check.
+  config_.zero_optimization.check();
   // Where the process's default generator is now, as a process of its own would have it: ranks
   // that share a process (threads) draw as separate processes do.
   // Under the lock: another rank's thread may be building its layers in a SeededScope.

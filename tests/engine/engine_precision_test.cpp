@@ -160,7 +160,9 @@ StepTraffic one_step(const std::string& precision) {
     out.compute = engine.compute_dtype();
     for (const auto& p : engine.parameters()) {
       EXPECT_EQ(p.scalar_type(), torch::kFloat);
-      if (p.grad().defined()) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+      if (p.grad().defined()) {
+        EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+      }
     }
   });
   out.dtype = seen_dtype;
@@ -238,6 +240,19 @@ TEST(EnginePrecision, Fp16OverflowOnOneStageSkipsTheStepOnEveryRank) {
   expect_same_training(c);
 }
 
+// The parser refuses ZeRO-2/3; a config built in code meets the same check in the engine.
+TEST(EngineConfigChecks, ZeroStage2BuiltInCodeIsRefusedByTheEngine) {
+  auto config = ckpt_config(1);
+  config.zero_optimization.stage = 2;
+  auto hub = comm::InProcessHub::create(1);
+  try {
+    PipelineEngine engine(probed_mlp(), config, hub->endpoint(0));
+    FAIL() << "ZeRO-2 with a pipeline must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage"), std::string::npos) << e.what();
+  }
+}
+
 class PrecisionCheckpoint : public CheckpointDirTest {};
 
 // A run saved mid-way resumes to the same losses as the uninterrupted one, in bf16, and in
@@ -265,7 +280,9 @@ void expect_resume_is_exact(const std::string& precision, const std::filesystem:
     EXPECT_EQ(engine.loss_scale(), scale_at_save);
     EXPECT_EQ(train_steps(engine, 3, 3), straight);
   });
-  if (precision == "fp16") EXPECT_EQ(scale_at_save, 65536.0 * 2) << "the window of 2 grew the scale once";
+  if (precision == "fp16") {
+    EXPECT_EQ(scale_at_save, 65536.0 * 2) << "the window of 2 grew the scale once";
+  }
 }
 
 TEST_F(PrecisionCheckpoint, Bf16ResumesExactly) { expect_resume_is_exact("bf16", dir_); }
