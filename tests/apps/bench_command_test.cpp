@@ -48,19 +48,25 @@ json last_json_line(const std::string& output) {
   return json::parse(last);
 }
 
-TEST(BenchCommand, ShortRunReportsEveryFieldAndTheEngineLossEqualsTheBaselines) {
+// Runs `pipetrain bench ARGS --json` (1 warm-up + 2 timed steps of "mlp", one thread per
+// rank: a few seconds) and parses its last line. The child runs in its own process group,
+// killed with its ranks past the limit.
+void run_bench(const std::vector<std::string>& args, json& r) {
   const fs::path log = fs::temp_directory_path() / ("pipetrain-bench-test-" + std::to_string(::getpid()) + ".log");
-  // 1 warm-up + 2 timed steps of "mlp" (2 stages, 8 micro-batches), one thread per rank: a few
-  // seconds. The child runs in its own process group, killed with its ranks past the limit.
-  pipetrain::testing::ChildProcess bench({PIPETRAIN_CLI_PATH, "bench", "--workload", "mlp", "--steps", "2", "--warmup",
-                                          "1", "--threads-per-rank", "1", "--json"},
-                                         log.string());
+  std::vector<std::string> command{PIPETRAIN_CLI_PATH, "bench", "--workload", "mlp", "--steps", "2",
+                                   "--warmup",         "1",     "--threads-per-rank", "1", "--json"};
+  command.insert(command.end(), args.begin(), args.end());
+  pipetrain::testing::ChildProcess bench(command, log.string());
   const int code = bench.wait(150s);
   const std::string output = bench.output();
   fs::remove(log);
   ASSERT_EQ(code, 0) << output;
-  json r;
   ASSERT_NO_THROW(r = last_json_line(output)) << output;
+}
+
+TEST(BenchCommand, ShortRunReportsEveryFieldAndTheEngineLossEqualsTheBaselines) {
+  json r;
+  ASSERT_NO_FATAL_FAILURE(run_bench({}, r));
 
   // Every field the command emits (its help and the README name them).
   for (const char* key :
@@ -117,17 +123,8 @@ TEST(BenchCommand, ShortRunReportsEveryFieldAndTheEngineLossEqualsTheBaselines) 
 // The bar contract of issue 17: a low precision reports itself, the fp32 engine measured in the
 // same invocation, and its last loss; activations cross the stages at half the bytes.
 TEST(BenchCommand, Bf16ReportsItselfAgainstTheFp32EngineOfTheSameInvocation) {
-  const fs::path log = fs::temp_directory_path() / ("pipetrain-bench-bf16-" + std::to_string(::getpid()) + ".log");
-  pipetrain::testing::ChildProcess bench({PIPETRAIN_CLI_PATH, "bench", "--workload", "mlp", "--precision", "bf16",
-                                          "--steps", "2", "--warmup", "1", "--threads-per-rank", "1",
-                                          "--skip-baseline", "--json"},
-                                         log.string());
-  const int code = bench.wait(150s);
-  const std::string output = bench.output();
-  fs::remove(log);
-  ASSERT_EQ(code, 0) << output;
   json r;
-  ASSERT_NO_THROW(r = last_json_line(output)) << output;
+  ASSERT_NO_FATAL_FAILURE(run_bench({"--precision", "bf16", "--skip-baseline"}, r));
   for (const char* key : {"precision", "samples_per_s", "fp32_samples_per_s", "loss_last", "fp32_loss_last",
                           "rank0_bytes_sent_per_step", "fp32_rank0_bytes_sent_per_step"}) {
     ASSERT_TRUE(r.contains(key)) << key << " missing from " << r.dump();
