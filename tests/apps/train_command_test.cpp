@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "pipetrain/runtime/autocast.h"
 #include "support/tfevents_reader.h"
 
 namespace pipetrain::apps {
@@ -283,6 +284,26 @@ TEST_F(TrainCommand, DeepSpeedConfigWithTensorBoardWritesEventsThere) {
   ASSERT_EQ(eval.size(), 1u);
   EXPECT_EQ(eval[0].step, 3 * batch);
   EXPECT_FLOAT_EQ(eval[0].value, static_cast<float>(s["eval_loss"].get<double>()));
+}
+
+// fp16 end to end: the loss scale the scaler keeps reaches TensorBoard as DeepSpeed logs it
+// (2^initial_scale_power, doubled after each loss_scale_window clean steps).
+TEST_F(TrainCommand, Fp16LogsTheScalersLossScale) {
+  if (!runtime::low_precision_supported(torch::kCPU, torch::kHalf)) {
+    GTEST_SKIP() << "this LibTorch has no float16 on the CPU (fp16 runs in the LibTorch 2.x suite)";
+  }
+  fs::create_directories(dir_);
+  const fs::path run = dir_ / "run", config = dir_ / "ds_config.json";
+  std::ofstream(config) << R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8,
+                                        "loss_scale_window": 2, "hysteresis": 2}})";
+  const auto r = cli("train --example mlp --steps 3 --config " + config.string() + " --run-dir " + run.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(last_line_json(r.output)["precision"], "fp16");
+  const auto scales = scalars(run / "tensorboard", "Train/Samples/loss_scale");
+  ASSERT_EQ(scales.size(), 3u);
+  EXPECT_EQ(scales[0].value, 256.0f);
+  EXPECT_EQ(scales[1].value, 512.0f) << "two clean steps double the scale";
+  EXPECT_EQ(scales[2].value, 512.0f);
 }
 
 TEST_F(TrainCommand, BadArgumentsGiveOneLineAndUsage) {

@@ -5,8 +5,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
-#include <type_traits>
-#include <utility>
 
 #include "pipetrain/engine/config.h"
 #include "pipetrain/util/tensorboard.h"
@@ -34,24 +32,5 @@ class TrainMonitor {
  private:
   util::TensorBoardWriter writer_;
 };
-
-namespace monitor_detail {
-template <typename Engine, typename = void>
-struct has_loss_scale : std::false_type {};
-template <typename Engine>
-struct has_loss_scale<Engine, std::void_t<decltype(std::declval<Engine&>().loss_scale())>> : std::true_type {};
-}  // namespace monitor_detail
-
-// The loss scale to report: the engine's (PipelineEngine::loss_scale(), from its mixed
-// precision, once the engine has that getter), else 1.0, what DeepSpeed reports without fp16.
-// The one place that hooks the monitor up to the engine's loss scaling.
-template <typename Engine>
-double loss_scale_of(Engine& engine) {
-  if constexpr (monitor_detail::has_loss_scale<Engine>::value) {
-    return static_cast<double>(engine.loss_scale());
-  } else {
-    return 1.0;
-  }
-}
 
 }  // namespace pipetrain::apps

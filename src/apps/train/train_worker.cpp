@@ -279,7 +279,7 @@ int run_train_worker(const TrainArgs& args) {
               << "\n";
       metrics.flush();
       // DeepSpeed's step for Train/Samples/* is the number of samples trained so far.
-      monitor->step((step + 1) * config.train_batch_size, last_loss, engine.last_step().lr, loss_scale_of(engine),
+      monitor->step((step + 1) * config.train_batch_size, last_loss, engine.last_step().lr, engine.loss_scale(),
                     sps);
     }
     if (args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < total) run_eval(step + 1);
