@@ -305,6 +305,7 @@ void candidate_shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond);
 }
 
+#ifdef PIPETRAIN_WITH_LIBXSMM
 // Where nothing is prepared per step (libxsmm fp32 reads W as it is for dx = dy W).
 void candidate_steady_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "layers", "prep"});
@@ -313,6 +314,7 @@ void candidate_steady_shapes(benchmark::internal::Benchmark* b) {
   }
   b->Unit(benchmark::kMicrosecond);
 }
+#endif
 
 void candidate_weight_grad_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "layers", "prep"})->Args({32, 1, 0})->Args({256, 1, 0})->Unit(benchmark::kMicrosecond);
