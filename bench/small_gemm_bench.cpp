@@ -4,12 +4,27 @@
 // in cache, 8 is a stage of "mlp" (32 MiB of weights, more than this machine's L2 and its
 // share of L3), which is what a pipeline stage really streams.
 //
+// Beside them, the candidates for other kernels (issue 17), each checked once against the
+// float64 product before it is timed (gemm_check.h; a wrong one is skipped with an error):
+//   TorchBf16*  torch::mm on bfloat16 tensors (oneDNN's bf16 GEMM where the CPU has AVX512_BF16)
+//   Xsmm*       libxsmm's JIT kernels, fp32 and bf16 (only when built with libxsmm: xsmm_gemm.h)
+// For forward and input gradient, "prep" = 1 times the per-step preparation of the fp32 weight
+// too (cast to bf16, libxsmm's layouts); prep = 0 is the steady state, prepared once per step.
+// Activations (x, dy) are given in the candidate's precision; laying them out is timed.
+//
 // Run: build/bench/small_gemm_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only
+//      LIBXSMM_TARGET=hsw build/bench/small_gemm_bench --benchmark_filter=Xsmm  # libxsmm's AVX2 code
 #include <benchmark/benchmark.h>
 
 #include <ATen/Parallel.h>
 
+#include <string>
+
+#include "gemm_check.h"
 #include "pipetrain/runtime/small_gemm.h"
+#ifdef PIPETRAIN_WITH_LIBXSMM
+#include "xsmm_gemm.h"
+#endif
 
 namespace {
 
@@ -137,6 +152,174 @@ void BM_BlasWeightGrad(benchmark::State& state) {
   report(state, rows);
 }
 
+enum class Product { kForward, kInputGrad, kWeightGrad };
+
+constexpr double kBf16Eps = 1.0 / 128;  // torch::finfo(bfloat16).eps: 8 significant bits
+
+bool skip_if_wrong(benchmark::State& state, const std::string& mismatch) {
+  if (mismatch.empty()) return false;
+  state.SkipWithError(mismatch.c_str());
+  return true;
+}
+
+// torch::mm on bfloat16: forward x W^T and input gradient dy W over `layers` weights, or the
+// weight gradient dy^T x; prep = 1 casts the fp32 weight into a reused bf16 buffer every call.
+void BM_TorchBf16(benchmark::State& state, Product product) {
+  at::set_num_threads(1);
+  const int64_t rows = state.range(0);
+  const bool prep = state.range(2) != 0;
+  auto act = torch::randn({rows, kFeatures}).to(torch::kBFloat16);  // x, or dy
+  if (product == Product::kWeightGrad) {
+    auto x = torch::randn({rows, kFeatures}).to(torch::kBFloat16);
+    if (skip_if_wrong(state, pipetrain::bench::gemm_mismatch(torch::mm(act.t(), x), act.t(), x, kBf16Eps))) return;
+    for (auto _ : state) {
+      auto dw = torch::mm(act.t(), x);
+      benchmark::DoNotOptimize(dw.data_ptr());
+    }
+    report(state, rows);
+    return;
+  }
+  Layers l(state.range(1));
+  std::vector<torch::Tensor> cast;
+  for (const auto& w : l.weights) cast.push_back(w.to(torch::kBFloat16));
+  auto buffer = torch::empty_like(cast[0]);
+  const auto run = [&](const torch::Tensor& w) { return product == Product::kForward ? torch::mm(act, w.t()) : torch::mm(act, w); };
+  const auto rhs = product == Product::kForward ? cast[0].t() : cast[0];
+  if (skip_if_wrong(state, pipetrain::bench::gemm_mismatch(run(cast[0]), act, rhs, kBf16Eps))) return;
+  size_t i = 0;
+  for (auto _ : state) {
+    if (prep) buffer.copy_(l.weights[i]);
+    auto y = run(prep ? buffer : cast[i]);
+    benchmark::DoNotOptimize(y.data_ptr());
+    i = (i + 1) % l.weights.size();
+  }
+  report(state, rows);
+}
+
+#ifdef PIPETRAIN_WITH_LIBXSMM
+using pipetrain::bench::XsmmBf16;
+using pipetrain::bench::XsmmF32;
+
+// libxsmm fp32, out = L R row-major (xsmm_gemm.h): forward R = W^T (prep = 1 transposes the
+// weight into a reused buffer every call), input gradient R = W, weight gradient L = dy^T read
+// through TRANS_B. The label names the code path (cpx/skx: AVX-512, hsw: AVX2).
+void BM_XsmmF32(benchmark::State& state, Product product) {
+  at::set_num_threads(1);
+  state.SetLabel(pipetrain::bench::xsmm_target());
+  const int64_t rows = state.range(0);
+  const bool prep = state.range(2) != 0;
+  auto act = torch::randn({rows, kFeatures});
+  if (product == Product::kWeightGrad) {
+    auto x = torch::randn({rows, kFeatures});
+    auto dw = torch::empty({kFeatures, kFeatures});
+    const XsmmF32 kernel(kFeatures, rows, kFeatures, /*l_transposed=*/true);
+    if (!kernel.ok()) return state.SkipWithError("libxsmm has no fp32 kernel for dy^T x");
+    kernel(act.data_ptr<float>(), x.data_ptr<float>(), dw.data_ptr<float>());
+    if (skip_if_wrong(state, pipetrain::bench::gemm_mismatch(dw, act.t(), x))) return;
+    for (auto _ : state) {
+      kernel(act.data_ptr<float>(), x.data_ptr<float>(), dw.data_ptr<float>());
+      benchmark::DoNotOptimize(dw.data_ptr<float>());
+    }
+    report(state, rows);
+    return;
+  }
+  Layers l(state.range(1));
+  const bool forward = product == Product::kForward;
+  std::vector<torch::Tensor> r;  // R per layer, prepared once
+  for (const auto& w : l.weights) r.push_back(forward ? w.t().contiguous() : w);
+  torch::Tensor buffer;
+  auto out = torch::empty({rows, kFeatures});
+  const XsmmF32 kernel(rows, kFeatures, kFeatures, false);
+  if (!kernel.ok()) return state.SkipWithError("libxsmm has no fp32 kernel for this shape");
+  kernel(act.data_ptr<float>(), r[0].data_ptr<float>(), out.data_ptr<float>());
+  if (skip_if_wrong(state, pipetrain::bench::gemm_mismatch(out, act, r[0]))) return;
+  size_t i = 0;
+  for (auto _ : state) {
+    if (prep && forward) pipetrain::bench::lay_out<float>(l.weights[i].t(), buffer, false);
+    kernel(act.data_ptr<float>(), (prep && forward ? buffer : r[i]).data_ptr<float>(), out.data_ptr<float>());
+    benchmark::DoNotOptimize(out.data_ptr<float>());
+    i = (i + 1) % l.weights.size();
+  }
+  report(state, rows);
+}
+
+// libxsmm bf16 in, fp32 out: R in VNNI pairs (prep = 1 casts and lays out the fp32 weight
+// every call); the weight gradient lays out its activations (x in pairs, dy^T) every call.
+void BM_XsmmBf16(benchmark::State& state, Product product) {
+  at::set_num_threads(1);
+  state.SetLabel(pipetrain::bench::xsmm_target());
+  const int64_t rows = state.range(0);
+  const bool prep = state.range(2) != 0;
+  auto act = torch::randn({rows, kFeatures}).to(torch::kBFloat16);
+  if (product == Product::kWeightGrad) {
+    auto x = torch::randn({rows, kFeatures}).to(torch::kBFloat16);
+    auto dw = torch::empty({kFeatures, kFeatures});
+    torch::Tensor dy_t, x_pairs;
+    const XsmmBf16 kernel(kFeatures, rows, kFeatures);
+    if (!kernel.ok()) return state.SkipWithError("libxsmm has no bf16 kernel for this target");
+    const auto run = [&] {
+      pipetrain::bench::lay_out<at::BFloat16>(act.t(), dy_t, false);
+      pipetrain::bench::lay_out<at::BFloat16>(x, x_pairs, true);
+      kernel(dy_t.data_ptr<at::BFloat16>(), x_pairs.data_ptr<at::BFloat16>(), dw.data_ptr<float>());
+    };
+    run();
+    if (skip_if_wrong(state, pipetrain::bench::gemm_mismatch(dw, act.t(), x))) return;
+    for (auto _ : state) {
+      run();
+      benchmark::DoNotOptimize(dw.data_ptr<float>());
+    }
+    report(state, rows);
+    return;
+  }
+  Layers l(state.range(1));
+  const bool forward = product == Product::kForward;
+  const auto rhs = [&](const torch::Tensor& w) { return forward ? w.t() : w; };
+  std::vector<torch::Tensor> pairs(l.weights.size());
+  for (size_t i = 0; i < pairs.size(); ++i) pipetrain::bench::lay_out<at::BFloat16>(rhs(l.weights[i]), pairs[i], true);
+  torch::Tensor buffer;
+  auto out = torch::empty({rows, kFeatures});
+  const XsmmBf16 kernel(rows, kFeatures, kFeatures);
+  if (!kernel.ok()) return state.SkipWithError("libxsmm has no bf16 kernel for this target");
+  kernel(act.data_ptr<at::BFloat16>(), pairs[0].data_ptr<at::BFloat16>(), out.data_ptr<float>());
+  const auto r0 = rhs(l.weights[0]).to(torch::kBFloat16);
+  if (skip_if_wrong(state, pipetrain::bench::gemm_mismatch(out, act, r0))) return;
+  size_t i = 0;
+  for (auto _ : state) {
+    if (prep) pipetrain::bench::lay_out<at::BFloat16>(rhs(l.weights[i]), buffer, true);
+    kernel(act.data_ptr<at::BFloat16>(), (prep ? buffer : pairs[i]).data_ptr<at::BFloat16>(), out.data_ptr<float>());
+    benchmark::DoNotOptimize(out.data_ptr<float>());
+    i = (i + 1) % l.weights.size();
+  }
+  report(state, rows);
+}
+#endif  // PIPETRAIN_WITH_LIBXSMM
+
+// rows x layers x prep for the candidates' forward and input gradient.
+void candidate_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "layers", "prep"});
+  for (int64_t rows : {32, 256}) {
+    for (int64_t layers : {1, 8}) {
+      for (int64_t prep : {0, 1}) b->Args({rows, layers, prep});
+    }
+  }
+  b->Unit(benchmark::kMicrosecond);
+}
+
+#ifdef PIPETRAIN_WITH_LIBXSMM
+// Where nothing is prepared per step (libxsmm fp32 reads W as it is for dx = dy W).
+void candidate_steady_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "layers", "prep"});
+  for (int64_t rows : {32, 256}) {
+    for (int64_t layers : {1, 8}) b->Args({rows, layers, 0});
+  }
+  b->Unit(benchmark::kMicrosecond);
+}
+#endif
+
+void candidate_weight_grad_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "layers", "prep"})->Args({32, 1, 0})->Args({256, 1, 0})->Unit(benchmark::kMicrosecond);
+}
+
 void layer_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "layers"});
   for (int64_t rows : {32, 256}) {
@@ -159,5 +342,17 @@ BENCHMARK(BM_NativeWeightGrad)
     ->Args({256, 16})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BlasWeightGrad)->ArgName("rows")->Arg(32)->Arg(192)->Arg(256)->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_CAPTURE(BM_TorchBf16, Forward, Product::kForward)->Apply(candidate_shapes);
+BENCHMARK_CAPTURE(BM_TorchBf16, InputGrad, Product::kInputGrad)->Apply(candidate_shapes);
+BENCHMARK_CAPTURE(BM_TorchBf16, WeightGrad, Product::kWeightGrad)->Apply(candidate_weight_grad_shapes);
+#ifdef PIPETRAIN_WITH_LIBXSMM
+BENCHMARK_CAPTURE(BM_XsmmF32, Forward, Product::kForward)->Apply(candidate_shapes);
+BENCHMARK_CAPTURE(BM_XsmmF32, InputGrad, Product::kInputGrad)->Apply(candidate_steady_shapes);
+BENCHMARK_CAPTURE(BM_XsmmF32, WeightGrad, Product::kWeightGrad)->Apply(candidate_weight_grad_shapes);
+BENCHMARK_CAPTURE(BM_XsmmBf16, Forward, Product::kForward)->Apply(candidate_shapes);
+BENCHMARK_CAPTURE(BM_XsmmBf16, InputGrad, Product::kInputGrad)->Apply(candidate_shapes);
+BENCHMARK_CAPTURE(BM_XsmmBf16, WeightGrad, Product::kWeightGrad)->Apply(candidate_weight_grad_shapes);
+#endif
 
 BENCHMARK_MAIN();
