@@ -125,6 +125,7 @@ class C10dCommunicator final : public Communicator {
 
   int rank() const override { return info_.rank; }
   int world_size() const override { return info_.world_size; }
+  int local_rank() const override { return info_.local_rank; }
   const CommOptions& options() const override { return options_; }
   Channel& channel() override { return *channel_; }
   Group& world() override { return *world_; }

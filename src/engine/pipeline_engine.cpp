@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -30,15 +29,6 @@ namespace {
 
 // Steady: a step's duration and its events must not jump when NTP steps the wall clock.
 double wall_seconds() { return comm::steady_seconds(); }
-
-// This process's index among the ranks of its host, as the launcher set it (0 when none did:
-// ranks that share a process as threads share its devices).
-int local_rank() {
-  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  }
-  return 0;
-}
 
 int resolve_stages(const PipelineModule& module, const EngineConfig& config, int world) {
   const int64_t from_module = module.num_stages;
@@ -89,7 +79,7 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
     rng_stream_ = runtime::clone_generator(at::detail::getDefaultCPUGenerator());
   }
 
-  device_ = runtime::resolve_device(config_.pipeline.device, local_rank());
+  device_ = runtime::resolve_device(config_.pipeline.device, comm_->local_rank());
   compute_dtype_ = runtime::compute_dtype(config_.precision());
   if (compute_dtype_ != c10::ScalarType::Float) {
     if (!runtime::low_precision_supported(device_, compute_dtype_)) {

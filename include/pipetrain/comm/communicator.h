@@ -23,6 +23,9 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // This rank's index among the ranks of its host, as the launcher set it (RankInfo): the
+  // device `auto` picks. Ranks that share a process (threads) share its devices: 0.
+  virtual int local_rank() const { return 0; }
   virtual const CommOptions& options() const = 0;
   std::string describe_rank(int rank) const { return options().rank_namer()(rank); }
 
