@@ -55,19 +55,24 @@ struct SkipCase {
 
 void PrintTo(const SkipCase& c, std::ostream* out) { *out << c.name; }
 
-class EngineSkips : public ::testing::TestWithParam<SkipCase> {};
-
-TEST_P(EngineSkips, MatchesOneProcess) {
-  const auto& p = GetParam();
+// The oracle case of one layout: 4 micro-batches of `module` on `data`.
+OracleCase layout_case(const SkipCase& p, std::function<PipelineModule()> module, MicroBatchFn data) {
   OracleCase c;
-  c.module = skip_mlp;
+  c.module = std::move(module);
   c.config = oracle_config(4, p.schedule);
   c.config.pipeline.chunks = p.chunks;
   c.config.pipeline.activation_checkpoint_interval = p.checkpoint_interval;
   c.stages = p.stages;
   c.replicas = p.replicas;
-  c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 6, 3); };
-  expect_same_training(c);
+  c.data = std::move(data);
+  return c;
+}
+
+class EngineSkips : public ::testing::TestWithParam<SkipCase> {};
+
+TEST_P(EngineSkips, MatchesOneProcess) {
+  expect_same_training(
+      layout_case(GetParam(), skip_mlp, [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 6, 3); }));
 }
 
 // Uniform parts of 12 layers: with 2 stages a and b cross one boundary; with 3, a jumps over
@@ -150,18 +155,7 @@ MicroBatch optional_batch(int64_t s, int r, int m) {
 
 class EngineOptionalSkips : public ::testing::TestWithParam<SkipCase> {};
 
-TEST_P(EngineOptionalSkips, MatchesOneProcess) {
-  const auto& p = GetParam();
-  OracleCase c;
-  c.module = optional_mlp;
-  c.config = oracle_config(4, p.schedule);
-  c.config.pipeline.chunks = p.chunks;
-  c.config.pipeline.activation_checkpoint_interval = p.checkpoint_interval;
-  c.stages = p.stages;
-  c.replicas = p.replicas;
-  c.data = optional_batch;
-  expect_same_training(c);
-}
+TEST_P(EngineOptionalSkips, MatchesOneProcess) { expect_same_training(layout_case(GetParam(), optional_mlp, optional_batch)); }
 
 // 10 layers in uniform parts: 2 stages [0,5) [5,10): a and b cross; 3 stages [0,4) [4,7)
 // [7,10): a jumps over stage 1, b crosses one; interleaved (parts of 3, 3, 2, 2 on 2 stages):
