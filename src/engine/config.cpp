@@ -246,15 +246,11 @@ void EngineConfig::resolve_batch_sizes(int64_t replicas) {
 
 void ZeroConfig::check(const std::string& origin) const {
   const std::string key = origin + ": \"zero_optimization.stage\" is " + std::to_string(stage);
-  if (stage == 1) {
-    throw ConfigError(key + ": ZeRO-1 (optimizer state sharded across data-parallel replicas) is not "
-                      "implemented yet; it comes with the data-parallel work of issue 18. Use stage 0");
-  }
   if (stage == 2 || stage == 3) {
     throw ConfigError(key + ": ZeRO stage 2/3 does not combine with pipeline parallelism (as in DeepSpeed); "
                       "use stage 0 or 1");
   }
-  if (stage != 0) throw ConfigError(key + ": DeepSpeed's stages are 0 to 3; use stage 0");
+  if (stage != 0 && stage != 1) throw ConfigError(key + ": DeepSpeed's stages are 0 to 3; use stage 0 or 1");
 }
 
 EngineConfig EngineConfig::from_json_text(const std::string& text, const std::string& origin, ConfigWarnings warn) {

@@ -160,6 +160,8 @@ void PipelineEngine::optimizer_step(const runtime::StageStepResult& so_far) {
     set_learning_rate(*optimizer_, last_.lr);
     optimizer_->step();
   }
+  // ZeRO-1: each replica stepped its own shard; the others' arrive here.
+  if (zero_.replicas() > 1) zero_.gather(*groups_.data_parallel, parameters());
   parameters_changed();
 }
 

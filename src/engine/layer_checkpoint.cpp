@@ -46,6 +46,8 @@ fs::path resolve_dir(const fs::path& dir) {
 
 std::string layer_file(int64_t index) { return fmt::format("layer_{:05d}.pt", index); }
 std::string optim_file(int64_t index) { return fmt::format("layer_{:05d}-optim.pt", index); }
+// ZeRO-1: the part of a layer's optimizer state that data-parallel replica `shard` updates.
+std::string optim_shard_file(int64_t index, int shard) { return fmt::format("layer_{:05d}-optim-{}.pt", index, shard); }
 std::string rng_file(int rank) { return fmt::format("rng_rank_{:05d}.pt", rank); }
 
 // Writes the archive to `path` through a DurableFile: every write checked, the file synced.
@@ -187,34 +189,49 @@ const json& layer_entry(const fs::path& dir, const json& manifest, int64_t owner
   return files.at(key);
 }
 
-// Loads the stored optimizer state of the module's parameters into `optimizer` (of `type`).
+// Loads the stored optimizer state of the module's parameters into `optimizer` (of `type`):
+// from the layer's one file, or merged from the parts ZeRO-1 replicas wrote. Only parameters
+// the optimizer updates take state, so a ZeRO-1 shard of any replica count loads what it owns.
 // A layer saved without state (none yet) leaves the optimizer's as it is.
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string& type,
                           const torch::nn::AnyModule& module, const fs::path& dir, const json& manifest,
                           int64_t owner, int64_t layer) {
   const auto& entry = layer_entry(dir, manifest, owner);
-  if (!entry.contains("optim")) return;
+  std::vector<json> parts;
+  if (entry.contains("optim")) parts.push_back(entry.at("optim"));
+  if (entry.contains("optim_shards")) {
+    for (const auto& shard : entry.at("optim_shards")) parts.push_back(shard);
+  }
+  if (parts.empty()) return;
   const std::string stored_type = manifest.value("optimizer", "");
   if (stored_type != type) {
     throw CheckpointError(fmt::format("{} holds {} optimizer state but this run's optimizer is {}; use the "
                                       "same \"optimizer\" type to resume",
                                       dir.string(), stored_type, type));
   }
-  const auto path = verified(dir, entry.at("optim"));
+  std::set<detail::OptimizerStateKey> updated;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) updated.insert(optimizer_state_key(p));
+  }
   const auto params = module.ptr()->parameters();
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(path.string());
-    for (size_t i = 0; i < params.size(); ++i) {
-      torch::serialize::InputArchive one;
-      if (!archive.try_read("param_" + std::to_string(i), one)) continue;
-      auto state = empty_state(type);
-      state->serialize(one);
-      optimizer.state()[optimizer_state_key(params[i])] = std::move(state);
+  for (const auto& part : parts) {
+    const auto path = verified(dir, part);
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(path.string());
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto key = optimizer_state_key(params[i]);
+        if (!updated.count(key)) continue;
+        torch::serialize::InputArchive one;
+        if (!archive.try_read("param_" + std::to_string(i), one)) continue;
+        auto state = empty_state(type);
+        state->serialize(one);
+        optimizer.state()[key] = std::move(state);
+      }
+    } catch (const c10::Error& e) {
+      throw CheckpointError(fmt::format("optimizer state of layer {} does not match {}: {}", layer, path.string(),
+                                        e.what_without_backtrace()));
     }
-  } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("optimizer state of layer {} does not match {}: {}", layer, path.string(),
-                                      e.what_without_backtrace()));
   }
 }
 
@@ -306,12 +323,17 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
     }
     world.barrier("checkpoint start");
     at_phase("start");
-    // Replicas hold equal weights: replica 0 writes.
-    if (engine.replica() == 0) {
+    // Replicas hold equal weights: replica 0 writes them. Under ZeRO-1 each replica holds the
+    // optimizer state of its own parameters and writes that part; a load merges the parts.
+    const bool sharded = engine.zero_partition().replicas() > 1;
+    if (engine.replica() == 0 || sharded) {
       for (const auto& [index, module] : engine.local_layers()) {
         if (owner[static_cast<size_t>(index)] != index) continue;
-        save_module(module, partial / layer_file(index));
-        if (engine.optimizer()) save_optimizer_state(*engine.optimizer(), module, partial / optim_file(index));
+        if (engine.replica() == 0) save_module(module, partial / layer_file(index));
+        if (engine.optimizer()) {
+          save_optimizer_state(*engine.optimizer(), module,
+                               partial / (sharded ? optim_shard_file(index, engine.replica()) : optim_file(index)));
+        }
       }
     }
     save_rng_state(engine.random_stream(), partial / rng_file(comm.rank()));
@@ -326,12 +348,19 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
         json entry = {{"file", layer_file(static_cast<int64_t>(i))},
                       {"crc32", file_crc32(path)},
                       {"bytes", fs::file_size(path)}};
-        const auto optim = partial / optim_file(static_cast<int64_t>(i));
-        if (fs::exists(optim)) {
-          entry["optim"] = {{"file", optim_file(static_cast<int64_t>(i))},
-                            {"crc32", file_crc32(optim)},
-                            {"bytes", fs::file_size(optim)}};
+        auto described = [&](const std::string& name) {
+          const auto p = partial / name;
+          return json{{"file", name}, {"crc32", file_crc32(p)}, {"bytes", fs::file_size(p)}};
+        };
+        if (fs::exists(partial / optim_file(static_cast<int64_t>(i)))) {
+          entry["optim"] = described(optim_file(static_cast<int64_t>(i)));
         }
+        json shards = json::array();
+        for (int r = 0; r < engine.zero_partition().replicas(); ++r) {
+          const auto name = optim_shard_file(static_cast<int64_t>(i), r);
+          if (fs::exists(partial / name)) shards.push_back(described(name));
+        }
+        if (!shards.empty()) entry["optim_shards"] = shards;
         files[std::to_string(i)] = entry;
       }
       json rng = json::object();

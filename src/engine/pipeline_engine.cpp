@@ -148,6 +148,10 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
 
   sync_initial_weights();
   auto params = parameters();
+  if (config_.zero_optimization.stage == 1 && num_replicas() > 1) {
+    zero_ = ZeroPartition(params, num_replicas(), replica());
+    params = zero_.owned(params);
+  }
   if (!params.empty()) optimizer_ = make_optimizer(config_.optimizer, params);
   base_lr_ = config_.optimizer.lr;
 }

@@ -53,7 +53,7 @@ TEST_F(Examples, RegistryNamesAndErrors) {
 
 TEST_F(Examples, CnnShapesAndData) {
   REQUIRE_FASHION_MNIST();
-  const Example ex = make_example("cnn", ExampleOptions().replicas(2).eval_samples(1000));
+  const Example ex = make_example("cnn", ExampleOptions().replicas(2).micro_batches(4).eval_samples(1000));
   EXPECT_EQ(ex.layers.size(), 12u);
   EXPECT_EQ(ex.steps_per_epoch, 30000 / 128);
   EXPECT_EQ(ex.defaults.steps, 2 * ex.steps_per_epoch);
@@ -223,6 +223,23 @@ TEST_F(Examples, ReplicasAccumulateLikeOneLargerStep) {
   EXPECT_EQ(b.samples, a.samples);
   EXPECT_LT(a.losses[2], a.losses[0] - 1e-4);
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-6) << "step " << i;
+}
+
+TEST_F(Examples, ReplicasShareTheExamplesStepAsDeepSpeedKeepsTrainBatchSize) {
+  // Without --micro-batches, 2 replicas take half of gpt's 4 micro-batches each, and replica 1's
+  // first is the one-process run's third: the same global batch, so the same training.
+  const Example one = make_example("gpt");
+  const Example two = make_example("gpt", ExampleOptions().replicas(2));
+  EXPECT_EQ(two.defaults.micro_batches, one.defaults.micro_batches / 2);
+  EXPECT_EQ(two.engine_config().train_batch_size, one.engine_config().train_batch_size);
+  EXPECT_TRUE(torch::equal(two.train_micro_batch(5, 1, 0).inputs.tensor(),
+                           one.train_micro_batch(5, 0, 2).inputs.tensor()));
+  EXPECT_FALSE(torch::equal(two.train_micro_batch(5, 1, 0).inputs.tensor(),
+                            one.train_micro_batch(5, 0, 0).inputs.tensor()));
+  // Where they do not divide it, each replica takes the example's micro-batches; an explicit
+  // count is per replica.
+  EXPECT_EQ(make_example("gpt", ExampleOptions().replicas(3)).defaults.micro_batches, 4);
+  EXPECT_EQ(make_example("gpt", ExampleOptions().replicas(2).micro_batches(4)).defaults.micro_batches, 4);
 }
 
 TEST_F(Examples, ConfigFileKeysOverrideTheDefaults) {

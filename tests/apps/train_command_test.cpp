@@ -242,6 +242,34 @@ TEST_F(TrainCommand, GptShortRunPrintsASample) {
   expect_run_files();
 }
 
+// Two replicas share the example's step (DeepSpeed's train_batch_size stays), so ZeRO-1 over 2
+// stages x 2 replicas trains the model the one-process reference trains, each rank keeping about
+// half its stage's optimizer state; the resume continues from the sharded checkpoint.
+TEST_F(TrainCommand, GptZero1OnTwoReplicasMatchesTheReferenceWithHalfTheOptimizerState) {
+  const auto r = cli("train --example gpt --stages 2 --replicas 2 --zero-stage 1 --steps 3 --eval-samples 64 "
+                     "--sample-length 0 --run-dir " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["zero_stage"], 1);
+  EXPECT_EQ(s["replicas"], 2);
+  EXPECT_EQ(s["micro_batches"], 2);
+  const auto ref = cli("reference --example gpt --steps 3 --eval-samples 64 --sample-length 0");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const double expected = last_line_json(ref.output)["final_loss"].get<double>();
+  EXPECT_NEAR(s["final_loss"].get<double>(), expected, 1e-4 * std::abs(expected)) << r.output;
+  for (const auto& rank : s["ranks"]) {
+    const double mine = rank["optimizer_state_mb"].get<double>();
+    const double whole = rank["optimizer_state_mb_without_zero"].get<double>();
+    EXPECT_GT(mine, 0.3 * whole) << rank.dump();
+    EXPECT_LT(mine, 0.7 * whole) << rank.dump();
+  }
+  EXPECT_TRUE(fs::exists(dir_ / "checkpoint/layer_00002-optim-1.pt"));
+  const auto resumed = cli("train --example gpt --stages 2 --steps 4 --resume --eval-samples 64 --sample-length 0 "
+                           "--run-dir " + dir_.string());
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(last_line_json(resumed.output)["first_step"], 3);
+}
+
 // A DeepSpeed user's config (bf16, ZeRO stage 0, "auto", an ignored DeepSpeed key) is accepted,
 // its one warning is printed once, and the TensorBoard events go where its "tensorboard" says,
 // with DeepSpeed's names and steps.

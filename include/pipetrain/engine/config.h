@@ -18,7 +18,7 @@
 //     "bf16": {"enabled": false},
 //     "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
 //              "hysteresis": 2, "min_loss_scale": 1},
-//     "zero_optimization": {"stage": 0},       // 0 only, for now (ZeroConfig::check)
+//     "zero_optimization": {"stage": 1},       // 0 or 1 (ZeroConfig::check)
 //     "tensorboard": {"enabled": true, "output_path": "runs/tb", "job_name": "gpt"}
 //   }
 //
@@ -90,11 +90,12 @@ struct Bf16Config {
   bool enabled = false;
 };
 
-// DeepSpeed's "zero_optimization" block. Only stage 0 (off) runs; see check().
+// DeepSpeed's "zero_optimization" block: stage 0 (off) or 1 (optimizer state sharded across
+// the data-parallel replicas, engine/zero_partition.h); see check().
 struct ZeroConfig {
   int64_t stage = 0;
-  // ConfigError (prefixed by `origin`) for a stage pipetrain cannot run. The one place to change
-  // when ZeRO-1 arrives with data-parallel sharding (issue 18).
+  // ConfigError (prefixed by `origin`) for a stage pipetrain cannot run: 2 and 3 (which, as in
+  // DeepSpeed, do not combine with pipeline parallelism) and anything outside 0-3.
   void check(const std::string& origin = "config") const;
 };
 

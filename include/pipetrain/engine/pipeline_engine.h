@@ -28,6 +28,7 @@
 #include "pipetrain/engine/config.h"
 #include "pipetrain/engine/loss_scaler.h"
 #include "pipetrain/engine/pipeline_module.h"
+#include "pipetrain/engine/zero_partition.h"
 #include "pipetrain/runtime/stage_executor.h"
 #include "pipetrain/runtime/stage_model.h"
 #include "pipetrain/schedule/schedule.h"
@@ -120,7 +121,13 @@ class PipelineEngine {
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
   runtime::StageModel& chunk(int local_chunk) { return *chunks_.at(static_cast<size_t>(local_chunk)); }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  // Over the parameters this rank updates: all of parameters(), or its ZeRO-1 shard.
   torch::optim::Optimizer* optimizer() { return optimizer_.get(); }
+  // zero_optimization.stage 1 with replicas: which replica updates which parameter (of
+  // parameters()); one replica otherwise.
+  const ZeroPartition& zero_partition() const { return zero_; }
+  // Bytes of this rank's optimizer state (momentum, Adam's moments), 0 before the first step.
+  int64_t optimizer_state_bytes() const { return optimizer_ ? pipetrain::optimizer_state_bytes(*optimizer_) : 0; }
   // Call after changing parameters in place outside train_batch (loading a checkpoint).
   void parameters_changed();
 
@@ -183,6 +190,7 @@ class PipelineEngine {
   schedule::Schedule train_schedule_;
   std::map<int, schedule::Schedule> eval_schedules_;  // by micro-batch count
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  ZeroPartition zero_;
   double base_lr_ = 0;
   int64_t global_steps_ = 0;
   StepStats last_;

@@ -84,6 +84,12 @@ void apply_options(const ExampleOptions& o, TrainDefaults& d) {
   };
   take("micro-batch size", o.micro_batch_size(), d.micro_batch_size);
   take("micro-batches", o.micro_batches(), d.micro_batches);
+  // DeepSpeed holds train_batch_size when replicas are added: the replicas share the example's
+  // step rather than each taking a whole one, so a run on D replicas trains the same model as
+  // on one (the reference). Only where they divide it; otherwise each takes the default.
+  if (o.micro_batches() == 0 && o.replicas() > 1 && d.micro_batches % o.replicas() == 0) {
+    d.micro_batches /= o.replicas();
+  }
   take("eval micro-batch size", o.eval_micro_batch_size(), d.eval_micro_batch_size);
   if (o.eval_samples() < 0)
     throw ConfigError(fmt::format("eval samples must be >= 0, got {}", o.eval_samples()));

@@ -32,7 +32,9 @@ namespace pipetrain::examples {
 struct ExampleOptions {
   TORCH_ARG(int64_t, replicas) = 1;          // data-parallel replicas: disjoint shards
   TORCH_ARG(int64_t, micro_batch_size) = 0;  // rows per micro-batch
-  TORCH_ARG(int64_t, micro_batches) = 0;     // micro-batches per step and replica
+  // Micro-batches per step and replica. 0: the example's, divided among the replicas where
+  // they divide it (the global batch stays the example's, as DeepSpeed's train_batch_size).
+  TORCH_ARG(int64_t, micro_batches) = 0;
   TORCH_ARG(int64_t, eval_micro_batch_size) = 0;
   TORCH_ARG(int64_t, eval_samples) = 0;   // evaluate on the first N samples only (tests)
   TORCH_ARG(uint64_t, seed) = 1234;       // data order (and the engine config's seed)

@@ -84,7 +84,9 @@ Example make_gpt(const ExampleOptions& options) {
   const int64_t T = config.context, mbs = ex.defaults.micro_batch_size,
                 micro_batches = ex.defaults.micro_batches, replicas = ex.replicas;
   const uint64_t seed = ex.seed;
-  // Each (step, replica, micro-batch) draws its own windows: replicas see different text.
+  // Each micro-batch of a step draws its own windows, keyed by its index in the global batch
+  // (replica r's micro-batch i is number r M + i): D replicas of M micro-batches see exactly
+  // what one process of D M micro-batches sees.
   ex.train_micro_batch = [=](int64_t step, int64_t replica, int64_t i) {
     if (step < 0 || replica < 0 || replica >= replicas || i < 0 || i >= micro_batches)
       throw ConfigError(fmt::format(
@@ -92,8 +94,8 @@ Example make_gpt(const ExampleOptions& options) {
           "micro-batches per step",
           step, replica, i, replicas, micro_batches));
     const uint64_t key =
-        data::Rng::for_key({seed, static_cast<uint64_t>(step), static_cast<uint64_t>(replica),
-                            static_cast<uint64_t>(i)})
+        data::Rng::for_key({seed, static_cast<uint64_t>(step), uint64_t{0},
+                            static_cast<uint64_t>(replica * micro_batches + i)})
             .next();
     auto w = data::random_windows(corpus->train, T, mbs, key);
     return MicroBatch{w.inputs, w.targets};

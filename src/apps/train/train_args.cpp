@@ -18,6 +18,7 @@ std::vector<std::string> TrainArgs::worker_arguments() const {
   add("--micro-batch-size", micro_batch_size, micro_batch_size > 0);
   add("--schedule", schedule, !schedule.empty());
   add("--precision", precision, !precision.empty());
+  add("--zero-stage", zero_stage, zero_stage >= 0);
   add("--steps", steps, steps > 0);
   add("--epochs", epochs, epochs > 0);
   add("--config", config_file, !config_file.empty());
@@ -44,6 +45,9 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
                  "fp32, bf16 or fp16: what the layers compute in (float32 master weights); overrides the "
                  "config's bf16/fp16 blocks")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub.add_option("--zero-stage", args->zero_stage,
+                 "ZeRO stage: 1 shards the optimizer state across the replicas (zero_optimization.stage)")
+      ->check(CLI::Range(0, 3));
   sub.add_option("--schedule", args->schedule, "1f1b (default), fill-drain, interleaved, zb-h1 or zb-v")
       ->check(CLI::IsMember({"1f1b", "fill-drain", "interleaved", "zb-h1", "zb-v"}));
   auto* steps = sub.add_option("--steps", args->steps, "optimizer steps to train")->check(CLI::PositiveNumber);

@@ -18,6 +18,7 @@ struct TrainArgs {
   int micro_batch_size = 0;  // 0: the example's
   std::string schedule;      // "": the config's (1f1b)
   std::string precision;     // "": the config's bf16/fp16 blocks (fp32 without them)
+  int zero_stage = -1;       // -1: the config's zero_optimization.stage
   int64_t steps = 0;         // 0: --epochs or the example's default
   double epochs = 0;
   std::string config_file;

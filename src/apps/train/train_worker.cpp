@@ -93,6 +93,7 @@ Evaluation evaluate(PipelineEngine& engine, const examples::Example& ex) {
 struct PeakMemory {
   std::vector<double> host_mb;    // peak resident memory, by rank
   std::vector<double> device_mb;  // peak device allocator memory, by rank; < 0: none (CPU)
+  std::vector<double> optimizer_mb;  // optimizer state (ZeRO-1: this rank's shard), by rank
 };
 
 // Every rank's peak memory in MiB.
@@ -100,15 +101,17 @@ PeakMemory peak_memory_mb(PipelineEngine& engine) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   auto& comm = engine.communicator();
-  auto t = torch::zeros({2, comm.world_size()}, torch::kDouble);
+  auto t = torch::zeros({3, comm.world_size()}, torch::kDouble);
   t[0][comm.rank()] = static_cast<double>(usage.ru_maxrss) / 1024.0;
   const auto device = runtime::peak_device_memory_bytes(engine.device());
   t[1][comm.rank()] = device ? static_cast<double>(*device) / (1024.0 * 1024.0) : -1.0;
+  t[2][comm.rank()] = static_cast<double>(engine.optimizer_state_bytes()) / (1024.0 * 1024.0);
   std::vector<torch::Tensor> v{t};
   comm.world().all_reduce(v, comm::ReduceOp::Sum, "peak memory");
   const double* p = t.data_ptr<double>();
   const auto n = static_cast<size_t>(comm.world_size());
-  return {std::vector<double>(p, p + n), std::vector<double>(p + n, p + 2 * n)};
+  return {std::vector<double>(p, p + n), std::vector<double>(p + n, p + 2 * n),
+          std::vector<double>(p + 2 * n, p + 3 * n)};
 }
 
 int64_t total_steps(const TrainArgs& args, const examples::Example& ex) {
@@ -137,6 +140,10 @@ EngineConfig make_train_config(const TrainArgs& args, const examples::Example& e
   auto config = examples::example_config(ex, args.config_file, ConfigWarnings::Collect);
   if (!args.schedule.empty()) config.pipeline.schedule = args.schedule;
   if (!args.precision.empty()) config.set_precision(args.precision);
+  if (args.zero_stage >= 0) {
+    config.zero_optimization.stage = args.zero_stage;
+    config.zero_optimization.check("--zero-stage");
+  }
   const int stages = args.stages > 0 ? args.stages
                      : config.pipeline.stages > 0 ? static_cast<int>(config.pipeline.stages)
                                                   : static_cast<int>(ex.defaults.pipeline_stages);
@@ -313,10 +320,17 @@ int run_train_worker(const TrainArgs& args) {
       std::ofstream(run_dir / "timeline.svg") << schedule::render_svg(events, svg);
     }
     json per_rank = json::array();
+    const auto& topo = engine.topology();
     for (int r = 0; r < comm->world_size(); ++r) {
+      // What this rank's optimizer state would be without ZeRO-1: its stage's shards together.
+      double unsharded = 0;
+      for (int q : topo.data_parallel_ranks(topo.stage_of(r))) unsharded += memory.optimizer_mb[static_cast<size_t>(q)];
       per_rank.push_back({{"rank", r},
-                          {"stage", engine.topology().stage_of(r)},
-                          {"replica", engine.topology().replica_of(r)},
+                          {"stage", topo.stage_of(r)},
+                          {"replica", topo.replica_of(r)},
+                          {"optimizer_state_mb", memory.optimizer_mb[static_cast<size_t>(r)]},
+                          {"optimizer_state_mb_without_zero",
+                           engine.zero_partition().replicas() > 1 ? unsharded : memory.optimizer_mb[static_cast<size_t>(r)]},
                           {"peak_memory_mb", memory.host_mb[static_cast<size_t>(r)]},
                           {"peak_device_memory_mb", memory.device_mb[static_cast<size_t>(r)] < 0
                                                         ? json(nullptr)
@@ -326,6 +340,7 @@ int run_train_worker(const TrainArgs& args) {
                     {"device", engine.device().str()},
                     {"stages", engine.num_stages()},
                     {"replicas", engine.num_replicas()},
+                    {"zero_stage", config.zero_optimization.stage},
                     {"micro_batches", engine.micro_batches()},
                     {"micro_batch_size", config.train_micro_batch_size_per_gpu},
                     {"schedule", schedule::kind_name(engine.train_schedule().kind)},
