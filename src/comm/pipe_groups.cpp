@@ -24,8 +24,9 @@ PipeGroups build_pipe_groups(Communicator& comm, const Topology& topology,
   out.coord = topology.coord_of(rank);
   out.prev_rank = topology.prev_rank(rank);
   out.next_rank = topology.next_rank(rank);
-  const std::string dp = data_parallel_group_name(out.coord.stage);
-  const std::string pipe = pipeline_group_name(out.coord.replica);
+  const std::string dp = data_parallel_group_name(out.coord.stage, out.coord.tensor);
+  const std::string pipe = pipeline_group_name(out.coord.replica, out.coord.tensor);
+  const std::string tp = tensor_parallel_group_name(out.coord.stage, out.coord.replica);
   for (const GroupSpec& spec : topology.groups(tied)) {
     if (!spec.contains(rank)) continue;
     auto group = comm.new_group(spec);
@@ -33,12 +34,16 @@ PipeGroups build_pipe_groups(Communicator& comm, const Topology& topology,
       out.data_parallel = group;
     } else if (spec.name == pipe) {
       out.pipeline = group;
+    } else if (spec.name == tp) {
+      out.tensor_parallel = group;
     } else {
       for (const TiedKey& t : tied) {
-        if (spec.name == tied_group_name(t.key, out.coord.replica)) out.tied.emplace_back(t.key, group);
+        if (spec.name == tied_group_name(t.key, out.coord.replica, out.coord.tensor)) out.tied.emplace_back(t.key, group);
       }
     }
   }
+  // A group of one needs no communication (Communicator::new_group).
+  if (!out.tensor_parallel) out.tensor_parallel = comm.new_group({tp, {rank}});
   return out;
 }
 

@@ -152,6 +152,17 @@ ZeroConfig read_zero(ObjectReader& parent) {
   return z;
 }
 
+// DeepSpeed's AutoTP training block names the size "autotp_size"; its inference config "tp_size".
+TensorParallelConfig read_tensor_parallel(ObjectReader& reader) {
+  TensorParallelConfig t;
+  if (reader.has("autotp_size") && reader.has("tp_size")) {
+    reader.fail("tp_size", "and \"autotp_size\" both give the tensor-parallel size; keep one of them");
+  }
+  for (const char* key : {"autotp_size", "tp_size"}) t.size = reader.integer(key, t.size, 1);
+  reader.finish();
+  return t;
+}
+
 TensorBoardConfig read_tensorboard(ObjectReader& reader) {
   TensorBoardConfig t;
   t.enabled = reader.boolean("enabled", t.enabled);
@@ -298,6 +309,10 @@ EngineConfig EngineConfig::from_json_text(const std::string& text, const std::st
     c.bf16 = read_bf16(r);
   }
   if (reader.has("zero_optimization")) c.zero_optimization = read_zero(reader);
+  if (reader.has("tensor_parallel")) {
+    auto r = reader.object("tensor_parallel");
+    c.tensor_parallel = read_tensor_parallel(r);
+  }
   if (reader.has("tensorboard")) {
     auto r = reader.object("tensorboard");
     c.tensorboard = read_tensorboard(r);
@@ -372,6 +387,7 @@ std::string EngineConfig::to_json_text() const {
                {"hysteresis", fp16.hysteresis},
                {"min_loss_scale", fp16.min_loss_scale}};
   j["zero_optimization"] = {{"stage", zero_optimization.stage}};
+  j["tensor_parallel"] = {{"autotp_size", tensor_parallel.size}};
   j["tensorboard"] = {{"enabled", tensorboard.enabled},
                       {"output_path", tensorboard.output_path},
                       {"job_name", tensorboard.job_name}};

@@ -18,7 +18,7 @@ inline const std::vector<std::string> kTopLevel{
     "gradient_allreduce_op", "gradient_predivide_factor", "graph_harvesting", "hybrid_engine",
     "log_level", "managed_gradient_accumulation", "memory_breakdown", "nebula", "prescale_gradients",
     "progressive_layer_drop", "quantize_training", "seq_parallel_communication_data_type",
-    "sparse_attention", "sparse_gradients", "tensor_parallel", "timers", "torch_autocast",
+    "sparse_attention", "sparse_gradients", "timers", "torch_autocast",
     "use_data_before_expert_parallelism", "vocabulary_size", "weight_quantization",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
 

@@ -81,6 +81,8 @@ double PipelineEngine::local_grad_sqnorm() const {
   double sum = 0;
   for (const auto& p : parameters()) {
     if (!p.grad().defined() || skip.count(p.unsafeGetTensorImpl())) continue;
+    // A tensor-parallel slice counts on every rank of the group, a replicated parameter once.
+    if (tensor_rank() != 0 && !runtime::shard_layout(p)) continue;
     // One pass in the gradient's own precision (cascade-summed): an upcast copy costs more
     // than the optimizer step on a stage of 1024x1024 layers.
     const double n = p.grad().detach().norm().item<double>();
@@ -96,7 +98,10 @@ void PipelineEngine::clear_grads() {
 void PipelineEngine::optimizer_step(const runtime::StageStepResult& so_far) {
   torch::NoGradGuard no_grad;
   const double replicas = static_cast<double>(num_replicas());
-  const double loss_part = so_far.losses > 0 ? so_far.loss_sum / static_cast<double>(so_far.losses) / replicas : 0.0;
+  // The ranks of a tensor-parallel group share the loss: the first speaks for them.
+  const double loss_part = so_far.losses > 0 && tensor_rank() == 0
+                               ? so_far.loss_sum / static_cast<double>(so_far.losses) / replicas
+                               : 0.0;
   // Replicas hold equal gradients after the data-parallel average: replica 0 speaks for all.
   const double sqnorm = replica() == 0 ? local_grad_sqnorm() : 0.0;
   const bool bad = !std::isfinite(loss_part) || !std::isfinite(sqnorm);

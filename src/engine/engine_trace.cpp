@@ -45,7 +45,7 @@ std::vector<schedule::TimedEvent> PipelineEngine::gather_events(const std::vecto
       e.op = schedule::op_from_index(static_cast<int>(rows[s][i][0]) - 1);
       e.micro_batch = static_cast<int>(rows[s][i][1]);
       e.chunk = static_cast<int>(rows[s][i][2]);
-      const double offset = offsets.at(static_cast<size_t>(group.index_of(topology_.rank_of(s, replica()))));
+      const double offset = offsets.at(static_cast<size_t>(group.index_of(topology_.rank_of(s, replica(), tensor_rank()))));
       e.start = rows[s][i][3] - offset;
       e.end = rows[s][i][4] - offset;
       origin = std::min(origin, e.start);

@@ -15,6 +15,7 @@
 #include "checkpoint_fault.h"
 #include "durable_file.h"
 #include "optimizer_compat.h"
+#include "tensor_parallel_state.h"
 #include "pipetrain/error.h"
 
 namespace pipetrain {
@@ -270,6 +271,7 @@ void restore_rng_if_same_layout(PipelineEngine& engine, const fs::path& dir, con
   const auto& by = manifest.at("written_by");
   const bool same = manifest["rng"].value("ranks", -1) == engine.communicator().world_size() &&
                     by.value("stages", -1) == engine.num_stages() && by.value("replicas", -1) == engine.num_replicas() &&
+                    by.value("tensor_parallel", 1) == engine.tensor_parallel_size() &&
                     by.value("chunks", -1) == engine.num_chunks();
   if (!same) return;
   const auto& entry = manifest["rng"]["files"].at(std::to_string(engine.communicator().rank()));
@@ -329,6 +331,9 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
     if (engine.replica() == 0 || sharded) {
       for (const auto& [index, module] : engine.local_layers()) {
         if (owner[static_cast<size_t>(index)] != index) continue;
+        // Tensor-parallel slices are written whole, by the group's first rank.
+        detail::FullTensors full(*module.ptr(), engine.tensor_parallel(), engine.optimizer());
+        if (engine.tensor_rank() != 0) continue;
         if (engine.replica() == 0) save_module(module, partial / layer_file(index));
         if (engine.optimizer()) {
           save_optimizer_state(*engine.optimizer(), module,
@@ -377,6 +382,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
                        {"layers", owner.size()},
                        {"written_by", {{"stages", engine.num_stages()},
                                        {"replicas", engine.num_replicas()},
+                                       {"tensor_parallel", engine.tensor_parallel_size()},
                                        {"chunks", engine.num_chunks()}}},
                        {"optimizer", engine.config().optimizer.type},
                        {"files", files}};
@@ -420,6 +426,7 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
       load_optimizer_state(*engine.optimizer(), engine.config().optimizer.type, module, dir, manifest,
                            owner[static_cast<size_t>(index)], index);
     }
+    detail::cut_loaded_shards(*module.ptr(), engine.optimizer());
   }
   engine.parameters_changed();
   restore_rng_if_same_layout(engine, dir, manifest);

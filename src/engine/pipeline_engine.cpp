@@ -42,6 +42,13 @@ int resolve_stages(const PipelineModule& module, const EngineConfig& config, int
   return static_cast<int>(stages);
 }
 
+int tensor_size(const EngineConfig& config) {
+  if (config.tensor_parallel.size < 1) {
+    throw ConfigError(fmt::format("tensor_parallel size is {}; it must be >= 1", config.tensor_parallel.size));
+  }
+  return static_cast<int>(config.tensor_parallel.size);
+}
+
 schedule::Schedule make_train_schedule(const EngineConfig& config, int stages) {
   const auto kind = schedule::parse_kind(config.pipeline.schedule);
   if (!schedule::is_training(kind)) {
@@ -62,8 +69,10 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
     : module_(std::move(module)),
       config_(std::move(config)),
       comm_(std::move(comm)),
-      topology_(comm::Topology::for_world(comm_ ? comm_->world_size() : 1,
-                                          resolve_stages(module_, config_, comm_ ? comm_->world_size() : 1))) {
+      topology_(comm::Topology::for_world(
+          comm_ ? comm_->world_size() : 1,
+          resolve_stages(module_, config_, (comm_ ? comm_->world_size() : 1) / tensor_size(config_)), 0,
+          tensor_size(config_))) {
   if (!comm_) throw UsageError("PipelineEngine needs a communicator (PipelineEngine::connect_from_env)");
   if (module_.layers.empty()) throw ModuleError("the PipelineModule has no layers");
   if (!module_.loss) throw ModuleError("the PipelineModule has no loss function");
@@ -103,6 +112,20 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   options.gemm_kernel = runtime::parse_gemm_kernel(config_.pipeline.gemm_kernel);
   options.checkpoint_interval = config_.pipeline.activation_checkpoint_interval;
   if (!skips->empty()) options.skips = skips;
+  // Which stages hold each tied key: the engine keeps their copies equal.
+  std::map<std::string, std::set<int>> holders;
+  for (int v = 0; v < layout.num_virtual_stages(); ++v) {
+    for (int64_t i = offsets_[v]; i < offsets_[v + 1]; ++i) {
+      const auto& key = module_.layers[static_cast<size_t>(i)].tied_key;
+      if (!key.empty()) holders[key].insert(layout.placement(v).stage);
+    }
+  }
+  std::vector<comm::TiedKey> tied_keys;
+  for (const auto& [key, stages] : holders) tied_keys.push_back({key, {stages.begin(), stages.end()}});
+  groups_ = comm::build_pipe_groups(*comm_, topology_, tied_keys);
+  // Tensor-parallel layers keep the group they are built under (runtime/parallel_layers.h).
+  tp_ = runtime::TensorParallelGroup{groups_.tensor_parallel, coord_.tensor, topology_.tensor()};
+  runtime::TensorParallelScope tp_scope(tp_);
   std::map<std::string, torch::nn::AnyModule> local_tied;
   for (int c = 0; c < layout.num_chunks(); ++c) {
     const int v = layout.virtual_stage(stage(), c);
@@ -125,17 +148,6 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
     chunks_.push_back(std::make_unique<runtime::StageModel>(std::move(built), options));
   }
 
-  // Which stages hold each tied key: the engine keeps their copies equal.
-  std::map<std::string, std::set<int>> holders;
-  for (int v = 0; v < layout.num_virtual_stages(); ++v) {
-    for (int64_t i = offsets_[v]; i < offsets_[v + 1]; ++i) {
-      const auto& key = module_.layers[static_cast<size_t>(i)].tied_key;
-      if (!key.empty()) holders[key].insert(layout.placement(v).stage);
-    }
-  }
-  std::vector<comm::TiedKey> tied_keys;
-  for (const auto& [key, stages] : holders) tied_keys.push_back({key, {stages.begin(), stages.end()}});
-  groups_ = comm::build_pipe_groups(*comm_, topology_, tied_keys);
   for (const auto& [key, stages] : holders) {
     auto it = local_tied.find(key);
     if (it == local_tied.end()) continue;
@@ -149,7 +161,12 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   sync_initial_weights();
   auto params = parameters();
   if (config_.zero_optimization.stage == 1 && num_replicas() > 1) {
-    zero_ = ZeroPartition(params, num_replicas(), replica());
+    std::vector<int64_t> sizes;
+    for (const auto& p : params) {
+      const auto layout = runtime::shard_layout(p);
+      sizes.push_back(layout ? p.numel() / p.size(layout->dim) * layout->full_size : p.numel());
+    }
+    zero_ = ZeroPartition(sizes, num_replicas(), replica());
     params = zero_.owned(params);
   }
   if (!params.empty()) optimizer_ = make_optimizer(config_.optimizer, params);
@@ -265,7 +282,7 @@ runtime::StageStep PipelineEngine::make_step(const schedule::Schedule& sched,
   s.stage = stage();
   for (auto& c : chunks_) s.chunks.push_back(c.get());
   s.channel = &comm_->channel();
-  s.rank_of_stage = [this](int st) { return topology_.rank_of(st, replica()); };
+  s.rank_of_stage = [this](int st) { return topology_.rank_of(st, replica(), tensor_rank()); };
   s.loss = module_.loss;
   s.data = &data;
   s.training = training;
@@ -289,6 +306,7 @@ double PipelineEngine::train_batch(DataIterator& data) {
     step.loss_scale = loss_scale();
     last_.loss_scale = step.loss_scale;
     runtime::AutocastScope autocast(device_, compute_dtype_);
+    runtime::TensorParallelScope tp_scope(tp_);  // the loss function may be vocabulary-parallel
     result = runtime::run_stage_step(step);
   } catch (const NumericError&) {
     throw;  // every rank raises it together, after the same collective
@@ -341,6 +359,7 @@ EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs, i
     step.keep_outputs = return_outputs;
     torch::NoGradGuard no_grad;
     runtime::AutocastScope autocast(device_, compute_dtype_);
+    runtime::TensorParallelScope tp_scope(tp_);  // the loss function may be vocabulary-parallel
     result = runtime::run_stage_step(step);
   } catch (const std::exception& e) {
     for (auto& c : chunks_) c->train(true);
@@ -348,9 +367,10 @@ EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs, i
     throw;
   }
   for (auto& c : chunks_) c->train(true);
-  const double part = result.losses > 0 ? result.loss_sum / static_cast<double>(result.losses) /
-                                              static_cast<double>(num_replicas())
-                                        : 0.0;
+  // Every rank of a tensor-parallel group has the same loss: the first speaks for them.
+  const double part = result.losses > 0 && tensor_rank() == 0
+                          ? result.loss_sum / static_cast<double>(result.losses) / static_cast<double>(num_replicas())
+                          : 0.0;
   out.loss = comm_->world().all_reduce_scalar(part, comm::ReduceOp::Sum, "eval loss");
   if (return_outputs) {
     for (auto& b : result.outputs) {

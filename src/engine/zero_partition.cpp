@@ -10,23 +10,35 @@
 
 namespace pipetrain {
 
+namespace {
+
+std::vector<int64_t> sizes_of(const std::vector<torch::Tensor>& params) {
+  std::vector<int64_t> sizes;
+  for (const auto& p : params) sizes.push_back(p.numel());
+  return sizes;
+}
+
+}  // namespace
+
 ZeroPartition::ZeroPartition(const std::vector<torch::Tensor>& params, int replicas, int replica)
+    : ZeroPartition(sizes_of(params), replicas, replica) {}
+
+ZeroPartition::ZeroPartition(const std::vector<int64_t>& sizes, int replicas, int replica)
     : replicas_(replicas), replica_(replica) {
   if (replicas < 1 || replica < 0 || replica >= replicas) {
     throw ConfigError(fmt::format("ZeRO partition: replica {} of {} replicas does not exist", replica, replicas));
   }
   // Largest first onto the lightest shard (ties: the lower index), then the order is
   // forgotten: owner_ is by the caller's index.
-  std::vector<size_t> order(params.size());
+  std::vector<size_t> order(sizes.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
-  owner_.assign(params.size(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  owner_.assign(sizes.size(), 0);
   shard_numel_.assign(static_cast<size_t>(replicas), 0);
   for (size_t i : order) {
     const auto lightest = std::min_element(shard_numel_.begin(), shard_numel_.end()) - shard_numel_.begin();
     owner_[i] = static_cast<int>(lightest);
-    shard_numel_[static_cast<size_t>(lightest)] += params[i].numel();
+    shard_numel_[static_cast<size_t>(lightest)] += sizes[i];
   }
 }
 

@@ -63,6 +63,8 @@ struct PipeGroups {
   std::optional<int> next_rank;
   std::shared_ptr<Group> data_parallel;  // this stage across replicas (gradients)
   std::shared_ptr<Group> pipeline;       // every stage of this replica (norms, loss)
+  // The ranks sharing this stage's layers by tensor parallelism (itself alone when tensor = 1).
+  std::shared_ptr<Group> tensor_parallel;
   // One group per tied key this rank's stage holds: the stages sharing it, this replica.
   std::vector<std::pair<std::string, std::shared_ptr<Group>>> tied;
   std::shared_ptr<Group> tied_group(const std::string& key) const;  // nullptr if not held

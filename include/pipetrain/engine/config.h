@@ -19,6 +19,7 @@
 //     "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
 //              "hysteresis": 2, "min_loss_scale": 1},
 //     "zero_optimization": {"stage": 1},       // 0 or 1 (ZeroConfig::check)
+//     "tensor_parallel": {"autotp_size": 2},   // ranks per tensor-parallel group
 //     "tensorboard": {"enabled": true, "output_path": "runs/tb", "job_name": "gpt"}
 //   }
 //
@@ -99,6 +100,13 @@ struct ZeroConfig {
   void check(const std::string& origin = "config") const;
 };
 
+// DeepSpeed's "tensor_parallel" block ("autotp_size", or "tp_size" as its inference config
+// names it): ranks per tensor-parallel group. Layers split themselves when built under a group
+// (runtime/parallel_layers.h); the world is stages x replicas x size.
+struct TensorParallelConfig {
+  int64_t size = 1;
+};
+
 // DeepSpeed's "tensorboard" block: where `pipetrain train` writes TensorBoard event files.
 struct TensorBoardConfig {
   bool enabled = false;
@@ -125,6 +133,7 @@ struct EngineConfig {
   Fp16Config fp16;
   Bf16Config bf16;
   ZeroConfig zero_optimization;
+  TensorParallelConfig tensor_parallel;
   TensorBoardConfig tensorboard;
   // Filled by the parser: DeepSpeed keys it ignored, monitors it does not write. Not written
   // by to_json_text.

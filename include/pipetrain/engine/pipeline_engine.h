@@ -31,6 +31,7 @@
 #include "pipetrain/engine/zero_partition.h"
 #include "pipetrain/runtime/stage_executor.h"
 #include "pipetrain/runtime/stage_model.h"
+#include "pipetrain/runtime/tensor_parallel.h"
 #include "pipetrain/schedule/schedule.h"
 #include "pipetrain/schedule/timeline.h"
 
@@ -95,6 +96,10 @@ class PipelineEngine {
 
   int stage() const { return coord_.stage; }
   int replica() const { return coord_.replica; }
+  // Index in this stage's tensor-parallel group, and the group's size (tensor_parallel.size).
+  int tensor_rank() const { return coord_.tensor; }
+  int tensor_parallel_size() const { return topology_.tensor(); }
+  const runtime::TensorParallelGroup& tensor_parallel() const { return tp_; }
   int num_stages() const { return topology_.stages(); }
   int num_replicas() const { return topology_.replicas(); }
   bool is_first_stage() const { return stage() == 0; }
@@ -175,6 +180,7 @@ class PipelineEngine {
   comm::Topology topology_;
   comm::Coord coord_;
   comm::PipeGroups groups_;
+  runtime::TensorParallelGroup tp_;
   std::vector<int64_t> balance_;
   std::vector<int64_t> offsets_;
   std::vector<runtime::SkipLink> skip_links_;  // skips between parts (runtime/skip_links.h)

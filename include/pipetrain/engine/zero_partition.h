@@ -23,6 +23,9 @@ class ZeroPartition {
   // Deterministic from the shapes alone, so every replica of a stage computes the same one.
   // ConfigError for replicas < 1 or a replica index outside [0, replicas).
   ZeroPartition(const std::vector<torch::Tensor>& params, int replicas, int replica);
+  // By given sizes: a tensor-parallel slice counts as its full tensor, so every rank of a
+  // tensor-parallel group assigns its slices to the same replicas.
+  ZeroPartition(const std::vector<int64_t>& sizes, int replicas, int replica);
 
   int replicas() const { return replicas_; }
   // Index of the replica updating params[i].

@@ -28,7 +28,7 @@ constexpr int64_t kDefaultEvalWindows = 256;
 // copy and the engine keeps them equal (same start, all-reduced gradients).
 std::vector<LayerSpec> gpt_layers(const GptConfig& c) {
   std::vector<LayerSpec> layers;
-  auto embedding = [c] { return nn::AnyModule(make_token_embedding(c)); };
+  auto embedding = [c] { return make_token_embedding(c); };
   layers.push_back(LayerSpec::tied_layer(
       kEmbedKey, fmt::format("Embedding({}, {})", c.vocab, c.width), "Embedding", embedding));
   layers.push_back(LayerSpec::make(
@@ -43,8 +43,7 @@ std::vector<LayerSpec> gpt_layers(const GptConfig& c) {
   layers.push_back(LayerSpec::tied_layer(
       kEmbedKey, fmt::format("Linear({}, {}) tied to Embedding", c.width, c.vocab), "Embedding",
       embedding, [](nn::AnyModule& module, const Batch& input) -> Batch {
-        const auto& weight = module.get<nn::Embedding>()->weight;
-        return torch::matmul(input.tensor(), weight.t());
+        return embedding_logits(module, input.tensor());
       }));
   return layers;
 }
@@ -122,10 +121,8 @@ Example make_gpt(const ExampleOptions& options) {
     return MicroBatch{w.inputs, w.targets};
   };
 
-  ex.loss = [](const Batch& output, const Batch& labels) {
-    const auto& logits = output.tensor();
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                labels.tensor().reshape({-1}));
+  ex.loss = [vocab = config.vocab](const Batch& output, const Batch& labels) {
+    return gpt_cross_entropy(output.tensor(), labels.tensor(), vocab);
   };
   ex.metric.name = "val_loss";
   ex.metric.higher_is_better = false;

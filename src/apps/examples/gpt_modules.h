@@ -23,28 +23,42 @@ class PositionEmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(PositionEmbedding);
 
-// Multi-head self-attention where position t attends to positions <= t.
+// Multi-head self-attention where position t attends to positions <= t. Built under a
+// tensor-parallel group of T ranks (runtime/tensor_parallel.h), Megatron's split: each rank
+// keeps heads/T heads (qkv column-parallel, its q, k and v rows of them) and its slice of the
+// output projection (row-parallel), from the weights the whole module would have.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   CausalSelfAttentionImpl(const GptConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, d] -> [B, T, d]
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
-  int64_t heads;
+  // nn::Linear, or its column-/row-parallel slice under a tensor-parallel group.
+  torch::nn::AnyModule qkv, proj;
+  int64_t heads;  // on this rank
 };
 TORCH_MODULE(CausalSelfAttention);
 
-// A pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)) with a 4d GELU MLP.
+// A pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)) with a 4d GELU MLP
+// (fc column-parallel and fc_out row-parallel under a tensor-parallel group).
 class GptBlockImpl : public torch::nn::Module {
  public:
   GptBlockImpl(const GptConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
-  torch::nn::Linear fc{nullptr}, fc_out{nullptr};
+  torch::nn::AnyModule fc, fc_out;
 };
 TORCH_MODULE(GptBlock);
 
-// The token embedding, normal(0, init_std): the tied module of the first and last layer.
-torch::nn::Embedding make_token_embedding(const GptConfig& config);
+// The token embedding, normal(0, init_std): the tied module of the first and last layer. Under
+// a tensor-parallel group, this rank's rows of it (runtime::VocabParallelEmbedding).
+torch::nn::AnyModule make_token_embedding(const GptConfig& config);
+
+// The logits of `h` [B, T, d] against the token embedding (the tied output layer): all of the
+// vocabulary, or this rank's columns under a tensor-parallel group.
+torch::Tensor embedding_logits(torch::nn::AnyModule& embedding, const torch::Tensor& h);
+
+// The mean cross-entropy of `logits` [B, T, V or V/T] against `targets` [B, T]: over the
+// vocabulary split across the current tensor-parallel group when there is one.
+torch::Tensor gpt_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, int64_t vocab);
 
 }  // namespace pipetrain::examples

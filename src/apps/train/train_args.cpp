@@ -19,6 +19,7 @@ std::vector<std::string> TrainArgs::worker_arguments() const {
   add("--schedule", schedule, !schedule.empty());
   add("--precision", precision, !precision.empty());
   add("--zero-stage", zero_stage, zero_stage >= 0);
+  add("--tensor-parallel", tensor_parallel, tensor_parallel > 0);
   add("--steps", steps, steps > 0);
   add("--epochs", epochs, epochs > 0);
   add("--config", config_file, !config_file.empty());
@@ -45,6 +46,9 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
                  "fp32, bf16 or fp16: what the layers compute in (float32 master weights); overrides the "
                  "config's bf16/fp16 blocks")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub.add_option("--tensor-parallel", args->tensor_parallel,
+                 "ranks per tensor-parallel group (Megatron-style layers: gpt); processes = stages x replicas x this")
+      ->check(CLI::PositiveNumber);
   sub.add_option("--zero-stage", args->zero_stage,
                  "ZeRO stage: 1 shards the optimizer state across the replicas (zero_optimization.stage)")
       ->check(CLI::Range(0, 3));

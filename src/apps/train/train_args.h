@@ -19,6 +19,7 @@ struct TrainArgs {
   std::string schedule;      // "": the config's (1f1b)
   std::string precision;     // "": the config's bf16/fp16 blocks (fp32 without them)
   int zero_stage = -1;       // -1: the config's zero_optimization.stage
+  int tensor_parallel = 0;   // 0: the config's tensor_parallel size (1 without it)
   int64_t steps = 0;         // 0: --epochs or the example's default
   double epochs = 0;
   std::string config_file;

@@ -47,14 +47,18 @@ void print_summary(const json& s) {
   std::cout << fmt::format("wall time         {:.1f} s ({:.1f} s training)\n", s["wall_seconds"].get<double>(),
                            s["train_seconds"].get<double>());
   std::cout << fmt::format("throughput        {:.1f} samples/s\n", s["samples_per_s"].get<double>());
-  std::cout << fmt::format("pipeline          {} stages x {} replicas, {} x {} micro-batches, {}\n",
-                           s["stages"].get<int>(), s["replicas"].get<int>(), s["micro_batches"].get<int>(),
+  const int tensor = s.value("tensor_parallel", 1);
+  std::cout << fmt::format("pipeline          {} stages x {} replicas{}, {} x {} micro-batches, {}\n",
+                           s["stages"].get<int>(), s["replicas"].get<int>(),
+                           tensor > 1 ? fmt::format(" x {} tensor-parallel", tensor) : "", s["micro_batches"].get<int>(),
                            s["micro_batch_size"].get<int>(), s["schedule"].get<std::string>());
   std::cout << fmt::format("bubble            {:.1f}% measured, {:.1f}% simulated\n",
                            100 * s["bubble_measured"].get<double>(), 100 * s["bubble_simulated"].get<double>());
   for (const auto& r : s["ranks"]) {
-    std::cout << fmt::format("peak memory       stage {} replica {}: {:.0f} MiB\n", r["stage"].get<int>(),
-                             r["replica"].get<int>(), r["peak_memory_mb"].get<double>());
+    std::cout << fmt::format("peak memory       stage {} replica {}{}: {:.0f} MiB\n", r["stage"].get<int>(),
+                             r["replica"].get<int>(),
+                             tensor > 1 ? fmt::format(" tensor {}", r.value("tensor", 0)) : "",
+                             r["peak_memory_mb"].get<double>());
   }
   if (s.contains("sample")) std::cout << "sample:\n" << s["sample"].get<std::string>() << "\n";
   std::cout << "run directory     " << s["run_dir"].get<std::string>()
@@ -69,6 +73,8 @@ int run_train(TrainArgs args) {
   const auto ex = make_train_example(args);
   const auto config = make_train_config(args, ex);
   const int stages = static_cast<int>(config.pipeline.stages);
+  const int tensor = static_cast<int>(config.tensor_parallel.size);
+  const int nproc = stages * args.replicas * tensor;
   if (args.run_dir.empty()) args.run_dir = default_run_dir(args.example);
   args.run_dir = fs::absolute(args.run_dir).string();
   if (args.resume && checkpoint_step((fs::path(args.run_dir) / "checkpoint").string()) < 0) {
@@ -76,15 +82,16 @@ int run_train(TrainArgs args) {
   }
   fs::create_directories(args.run_dir);
   make_tensorboard_dir(config.tensorboard, args.run_dir);  // an unwritable output_path fails here, once
-  std::cout << fmt::format("pipetrain train: example {} ({}), {} stages x {} replicas as {} processes\n", ex.name,
-                           ex.description, stages, args.replicas, stages * args.replicas)
+  std::cout << fmt::format("pipetrain train: example {} ({}), {} stages x {} replicas{} as {} processes\n", ex.name,
+                           ex.description, stages, args.replicas,
+                           tensor > 1 ? fmt::format(" x {} tensor-parallel", tensor) : "", nproc)
             << util::describe_blas(util::blas_info()) << "\nrun directory: " << args.run_dir << std::endl;
 
   std::vector<std::string> command{fs::read_symlink("/proc/self/exe").string()};
   const auto worker = args.worker_arguments();
   command.insert(command.end(), worker.begin(), worker.end());
   comm::LaunchOptions options;
-  options.nproc(stages * args.replicas).threads_per_rank(args.threads_per_rank);
+  options.nproc(nproc).threads_per_rank(args.threads_per_rank);
   if (args.time_limit > 0) options.time_limit(std::chrono::milliseconds(static_cast<int64_t>(args.time_limit * 1000)));
   const auto launched = comm::launch_with_restarts(command, options, args.max_restarts, [&](const auto& failed, int n) {
     std::cout << fmt::format("pipetrain train: {}; restarting all processes ({} of {}), resuming from {}\n",

@@ -76,8 +76,11 @@ Evaluation evaluate(PipelineEngine& engine, const examples::Example& ex) {
     loss_sum += result.loss;
     ++calls;
     for (size_t i = 0; i < result.outputs.size() && i < rec.labels.size(); ++i) {
-      // Outputs stay on the last stage's device; the labels come from the host.
-      sum += ex.metric.measure(runtime::copy_to(result.outputs[i], torch::kCPU), rec.labels[i]);
+      // Outputs stay on the last stage's device; the labels come from the host. A tensor-parallel
+      // group measures together (gpt's loss over a split vocabulary); its first rank counts.
+      runtime::TensorParallelScope tp(engine.tensor_parallel());
+      const auto m = ex.metric.measure(runtime::copy_to(result.outputs[i], torch::kCPU), rec.labels[i]);
+      if (engine.tensor_rank() == 0) sum += m;
     }
   }
   // Only the ranks holding the last layers scored anything; every rank learns the total.
@@ -140,6 +143,7 @@ EngineConfig make_train_config(const TrainArgs& args, const examples::Example& e
   auto config = examples::example_config(ex, args.config_file, ConfigWarnings::Collect);
   if (!args.schedule.empty()) config.pipeline.schedule = args.schedule;
   if (!args.precision.empty()) config.set_precision(args.precision);
+  if (args.tensor_parallel > 0) config.tensor_parallel.size = args.tensor_parallel;
   if (args.zero_stage >= 0) {
     config.zero_optimization.stage = args.zero_stage;
     config.zero_optimization.check("--zero-stage");
@@ -324,10 +328,11 @@ int run_train_worker(const TrainArgs& args) {
     for (int r = 0; r < comm->world_size(); ++r) {
       // What this rank's optimizer state would be without ZeRO-1: its stage's shards together.
       double unsharded = 0;
-      for (int q : topo.data_parallel_ranks(topo.stage_of(r))) unsharded += memory.optimizer_mb[static_cast<size_t>(q)];
+      for (int q : topo.data_parallel_ranks(topo.stage_of(r), topo.tensor_of(r))) unsharded += memory.optimizer_mb[static_cast<size_t>(q)];
       per_rank.push_back({{"rank", r},
                           {"stage", topo.stage_of(r)},
                           {"replica", topo.replica_of(r)},
+                          {"tensor", topo.tensor_of(r)},
                           {"optimizer_state_mb", memory.optimizer_mb[static_cast<size_t>(r)]},
                           {"optimizer_state_mb_without_zero",
                            engine.zero_partition().replicas() > 1 ? unsharded : memory.optimizer_mb[static_cast<size_t>(r)]},
@@ -341,6 +346,7 @@ int run_train_worker(const TrainArgs& args) {
                     {"stages", engine.num_stages()},
                     {"replicas", engine.num_replicas()},
                     {"zero_stage", config.zero_optimization.stage},
+                    {"tensor_parallel", engine.tensor_parallel_size()},
                     {"micro_batches", engine.micro_batches()},
                     {"micro_batch_size", config.train_micro_batch_size_per_gpu},
                     {"schedule", schedule::kind_name(engine.train_schedule().kind)},
