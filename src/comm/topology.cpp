@@ -51,7 +51,8 @@ Topology Topology::for_world(int world_size, int stages, int replicas, int tenso
                       std::to_string(replicas) + " replicas = " + std::to_string(per_replica * replicas) +
                       "; launch " + std::to_string(per_replica * replicas) +
                       " processes (pipetrain launch --nproc " + std::to_string(per_replica * replicas) +
-                      " ...) or change the number of stages, replicas or the tensor-parallel size");
+                      " ...) or change the number of stages" +
+                      (tensor > 1 ? std::string(", replicas or the tensor-parallel size") : std::string(" or replicas")));
   }
   return Topology(stages, replicas, tensor);
 }

@@ -14,6 +14,7 @@
 #include "pipetrain/comm/rank_info.h"
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/engine/optimizer.h"
+#include "batch_broadcast.h"
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/device.h"
@@ -261,18 +262,23 @@ bool PipelineEngine::loads_data() const {
 std::vector<MicroBatch> PipelineEngine::pull(DataIterator& data, const char* what, int m) {
   std::vector<MicroBatch> out;
   if (!loads_data()) return out;
-  for (int i = 0; i < m; ++i) {
+  // In a tensor-parallel group only the first rank reads; the others get its micro-batches.
+  const bool reads = tensor_rank() == 0;
+  std::string error;
+  for (int i = 0; reads && i < m; ++i) {
     auto mb = data.next();
     if (!mb) {
-      throw DataError(fmt::format(
+      error = fmt::format(
           "{}: the data iterator ran out after {} of the {} micro-batches of step {} "
           "(gradient_accumulation_steps = {}); give it {} micro-batches per call, or stop "
           "calling when it is exhausted",
-          what, i, m, global_steps_ + 1, m, m));
+          what, i, m, global_steps_ + 1, m, m);
+      break;
     }
     out.push_back(std::move(*mb));
   }
-  return out;
+  return detail::broadcast_micro_batches(*groups_.tensor_parallel, groups_.tensor_parallel->ranks().front(), reads,
+                                         std::move(out), error);
 }
 
 runtime::StageStep PipelineEngine::make_step(const schedule::Schedule& sched,
@@ -353,8 +359,9 @@ EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs, i
   for (auto& c : chunks_) c->train(false);
   EvalResult out;
   runtime::StageStepResult result;
+  std::vector<MicroBatch> micro;
   try {
-    const auto micro = pull(data, "eval_batch", m);
+    micro = pull(data, "eval_batch", m);
     auto step = make_step(found->second, micro, false);
     step.keep_outputs = return_outputs;
     torch::NoGradGuard no_grad;
@@ -375,6 +382,9 @@ EvalResult PipelineEngine::eval_batch(DataIterator& data, bool return_outputs, i
   if (return_outputs) {
     for (auto& b : result.outputs) {
       if (!b.empty()) out.outputs.push_back(std::move(b));
+    }
+    if (!out.outputs.empty()) {
+      for (auto& mb : micro) out.labels.push_back(std::move(mb.labels));
     }
   }
   return out;

@@ -16,6 +16,8 @@ thread_local at::Generator task_generator_;  // undefined: none installed
 // What covers this thread's draws from the default generator.
 enum Policy { kUncovered = 0, kLeased = 1, kFree = 2 };
 thread_local int policy_ = kUncovered;
+thread_local DefaultGeneratorLease* active_lease_ = nullptr;
+thread_local int lock_depth_ = 0;  // how many times this thread holds rng_mutex()
 
 torch::Tensor state_of(const at::Generator& g) {
   at::Generator gen = g;  // shares the impl; the mutex is the generator's own
@@ -102,13 +104,17 @@ std::unique_lock<std::recursive_timed_mutex> lock_rng(const char* who) {
 }  // namespace
 
 SeededScope::SeededScope(uint64_t seed) : lock_(lock_rng("SeededScope")) {
+  ++lock_depth_;
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   saved_cpu_ = gen.get_state();
   gen.set_current_seed(seed);
 }
 
-SeededScope::~SeededScope() { set_state_of(at::detail::getDefaultCPUGenerator(), saved_cpu_); }
+SeededScope::~SeededScope() {
+  --lock_depth_;
+  set_state_of(at::detail::getDefaultCPUGenerator(), saved_cpu_);
+}
 
 at::Generator make_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
@@ -126,22 +132,32 @@ TaskGeneratorScope::TaskGeneratorScope(at::Generator generator)
 
 TaskGeneratorScope::~TaskGeneratorScope() { task_generator_ = std::move(previous_); }
 
-DefaultGeneratorLease::DefaultGeneratorLease() : lock_(lock_rng("DefaultGeneratorLease")), previous_policy_(policy_) {
+DefaultGeneratorLease::DefaultGeneratorLease()
+    : outer_(active_lease_), lock_(lock_rng("DefaultGeneratorLease")), previous_policy_(policy_) {
   installed_ = CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator());
   policy_ = kLeased;
+  active_lease_ = this;
+  ++lock_depth_;
 }
 
 DefaultGeneratorLease::DefaultGeneratorLease(at::Generator stream)
-    : lock_(lock_rng("DefaultGeneratorLease")), stream_(std::move(stream)), previous_policy_(policy_) {
+    : outer_(active_lease_),
+      lock_(lock_rng("DefaultGeneratorLease")),
+      stream_(std::move(stream)),
+      previous_policy_(policy_) {
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
   saved_ = state_of(cpu);
   set_state_of(cpu, state_of(stream_));
   installed_ = CpuGeneratorPosition::of(cpu);
   policy_ = kLeased;
+  active_lease_ = this;
+  ++lock_depth_;
 }
 
 DefaultGeneratorLease::~DefaultGeneratorLease() {
   policy_ = previous_policy_;
+  active_lease_ = outer_;
+  --lock_depth_;
   if (!stream_.defined()) return;
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
   set_state_of(stream_, state_of(cpu));
@@ -150,6 +166,23 @@ DefaultGeneratorLease::~DefaultGeneratorLease() {
 
 bool DefaultGeneratorLease::drew() const {
   return !(CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator()) == installed_);
+}
+
+LeaseSuspension::LeaseSuspension() {
+  if (!active_lease_ || lock_depth_ != 1 || !active_lease_->lock_.owns_lock()) return;
+  lease_ = active_lease_;
+  const at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  progress_ = state_of(cpu);
+  if (lease_->stream_.defined()) set_state_of(cpu, lease_->saved_);
+  lease_->lock_.unlock();
+}
+
+LeaseSuspension::~LeaseSuspension() {
+  if (!lease_) return;
+  lease_->lock_.lock();
+  const at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  if (lease_->stream_.defined()) lease_->saved_ = state_of(cpu);
+  set_state_of(cpu, progress_);
 }
 
 bool default_generator_covered() { return policy_ != kUncovered; }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/rng.h"
 
 namespace pipetrain::runtime {
 namespace {
@@ -31,6 +32,7 @@ comm::Group& group_of(AutogradContext* ctx) {
 }
 
 torch::Tensor all_reduced(const torch::Tensor& x, comm::Group& group, comm::ReduceOp op, const char* what) {
+  runtime::LeaseSuspension let_others_lease;  // the group's other ranks may be threads mid-forward
   std::vector<torch::Tensor> v{x.detach().contiguous().clone()};
   group.all_reduce(v, op, what);
   return v[0];
@@ -183,6 +185,7 @@ torch::Tensor gather_shards(const torch::Tensor& part, const ShardLayout& layout
     offset += e - b;
   }
   // Every position is written by exactly one rank: the sum is the concatenation.
+  LeaseSuspension let_others_lease;
   std::vector<torch::Tensor> v{full};
   group.group->all_reduce(v, comm::ReduceOp::Sum, "tensor-parallel all-gather");
   return v[0];

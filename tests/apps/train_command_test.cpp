@@ -270,6 +270,36 @@ TEST_F(TrainCommand, GptZero1OnTwoReplicasMatchesTheReferenceWithHalfTheOptimize
   EXPECT_EQ(last_line_json(resumed.output)["first_step"], 3);
 }
 
+// Megatron-style tensor parallelism in the gpt example: 2 stages x 2 tensor-parallel ranks train
+// the reference's model; the checkpoint holds full tensors, so a resume on 1 tensor-parallel
+// rank continues, and a rank of a tensor-parallel group that dies is named by the others.
+TEST_F(TrainCommand, GptOnTwoTensorParallelRanksMatchesTheReference) {
+  const auto r = cli("train --example gpt --stages 2 --tensor-parallel 2 --steps 3 --eval-samples 64 "
+                     "--sample-length 20 --run-dir " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["tensor_parallel"], 2);
+  EXPECT_EQ(s["ranks"].size(), 4u);
+  EXPECT_FALSE(s["sample"].get<std::string>().empty());  // generated in one process from the checkpoint
+  const auto ref = cli("reference --example gpt --steps 3 --eval-samples 64 --sample-length 0");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const auto expected = last_line_json(ref.output);
+  EXPECT_NEAR(s["final_loss"].get<double>(), expected["final_loss"].get<double>(),
+              1e-4 * expected["final_loss"].get<double>())
+      << r.output;
+  EXPECT_NEAR(s["val_loss"].get<double>(), expected["val_loss"].get<double>(), 1e-4 * expected["val_loss"].get<double>());
+  const auto resumed = cli("train --example gpt --stages 2 --steps 4 --resume --eval-samples 64 --sample-length 0 "
+                           "--run-dir " + dir_.string());
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(last_line_json(resumed.output)["first_step"], 3);
+
+  const auto killed = cli("train --example gpt --stages 1 --tensor-parallel 2 --steps 3 --eval-samples 64 "
+                          "--sample-length 0 --run-dir " + (dir_ / "killed").string(),
+                          120, "PIPETRAIN_FAULT_KILL_STEP=1:1");
+  EXPECT_NE(killed.status, 0) << killed.output;
+  EXPECT_NE(killed.output.find("rank 1"), std::string::npos) << killed.output;
+}
+
 // A DeepSpeed user's config (bf16, ZeRO stage 0, "auto", an ignored DeepSpeed key) is accepted,
 // its one warning is printed once, and the TensorBoard events go where its "tensorboard" says,
 // with DeepSpeed's names and steps.

@@ -57,6 +57,7 @@ struct StepStats {
 struct EvalResult {
   double loss = 0;             // mean over micro-batches and replicas, on every rank
   std::vector<Batch> outputs;  // on the last stage with return_outputs, by micro-batch
+  std::vector<Batch> labels;   // their labels (also on ranks of a tensor-parallel group that read none)
 };
 
 struct BubbleReport {

@@ -110,11 +110,31 @@ class DefaultGeneratorLease {
   bool drew() const;
 
  private:
+  friend class LeaseSuspension;
+  DefaultGeneratorLease* outer_;  // the thread's enclosing lease, if any
   std::unique_lock<std::recursive_timed_mutex> lock_;
   at::Generator stream_;
   torch::Tensor saved_;             // the default generator's own state (stream leases)
   CpuGeneratorPosition installed_;  // where it was when the lease began
   int previous_policy_;
+};
+
+// Lets other threads lease the default generator while this one waits for them: ranks that are
+// threads of one process and meet in a collective inside their leased forwards (tensor
+// parallelism) would otherwise wait for each other's lease until the timeout. The default
+// generator gets its own state back meanwhile; on resumption this thread re-takes the lock and
+// continues its stream where it was. No-op without a lease, or when the lock is held more than
+// once on this thread (then the wait is as before).
+class LeaseSuspension {
+ public:
+  LeaseSuspension();
+  ~LeaseSuspension();
+  LeaseSuspension(const LeaseSuspension&) = delete;
+  LeaseSuspension& operator=(const LeaseSuspension&) = delete;
+
+ private:
+  DefaultGeneratorLease* lease_ = nullptr;
+  torch::Tensor progress_;  // the leased stream's state at the suspension
 };
 
 // Whether this thread's draws from the default generator are already taken care of: it holds a

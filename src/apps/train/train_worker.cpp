@@ -40,20 +40,6 @@ double now_s() {
 }
 
 // Remembers the labels the last stage pulls during evaluation, to score the outputs.
-class RecordingIterator final : public DataIterator {
- public:
-  explicit RecordingIterator(DataIterator& inner) : inner_(inner) {}
-  std::optional<MicroBatch> next() override {
-    auto mb = inner_.next();
-    if (mb) labels.push_back(mb->labels);
-    return mb;
-  }
-  std::vector<Batch> labels;
-
- private:
-  DataIterator& inner_;
-};
-
 struct Evaluation {
   double metric = NAN;
   double loss = NAN;
@@ -71,16 +57,15 @@ Evaluation evaluate(PipelineEngine& engine, const examples::Example& ex) {
   const int m = engine.micro_batches();
   for (int64_t done = 0; done < count; done += m) {
     const int n = static_cast<int>(std::min<int64_t>(m, count - done));
-    RecordingIterator rec(*it);
-    auto result = engine.eval_batch(rec, /*return_outputs=*/true, n);
+    auto result = engine.eval_batch(*it, /*return_outputs=*/true, n);
     loss_sum += result.loss;
     ++calls;
-    for (size_t i = 0; i < result.outputs.size() && i < rec.labels.size(); ++i) {
+    for (size_t i = 0; i < result.outputs.size() && i < result.labels.size(); ++i) {
       // Outputs stay on the last stage's device; the labels come from the host. A tensor-parallel
       // group measures together (gpt's loss over a split vocabulary); its first rank counts.
       runtime::TensorParallelScope tp(engine.tensor_parallel());
-      const auto m = ex.metric.measure(runtime::copy_to(result.outputs[i], torch::kCPU), rec.labels[i]);
-      if (engine.tensor_rank() == 0) sum += m;
+      const auto measured = ex.metric.measure(runtime::copy_to(result.outputs[i], torch::kCPU), result.labels[i]);
+      if (engine.tensor_rank() == 0) sum += measured;
     }
   }
   // Only the ranks holding the last layers scored anything; every rank learns the total.
