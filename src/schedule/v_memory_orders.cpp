@@ -23,7 +23,7 @@
 //   3. F of chunk 0, only while the stage holds fewer than `admit_below` chunk activations
 //      (forward done, W not yet);
 //   4. W, the older first: the bubble filler, and what a stage at its threshold runs to
-//      make room.
+//      make room (or, with eager_weights, right after the Is: shortest lifespans).
 //
 // Chunk-1 forwards are never held back (the micro-batch holding the stage's memory needs them
 // to finish), so the threshold alone does not bound the peak. The replay cannot stall: the
@@ -68,7 +68,8 @@ struct Finished {
 
 }  // namespace
 
-CappedOrder capped_v_order(int num_stages, int num_micro_batches, int admit_below, int interval) {
+CappedOrder capped_v_order(int num_stages, int num_micro_batches, int admit_below, int interval,
+                           bool eager_weights) {
   const int P = num_stages;
   const int M = num_micro_batches;
   const int last = 2 * P - 1;
@@ -108,20 +109,25 @@ CappedOrder capped_v_order(int num_stages, int num_micro_batches, int admit_belo
         return i < n.b[chunk] && Finished::before(done.b(layout.virtual_stage(j, chunk), i), t);
       };
       ComputeStep step{Op::forward, -1, -1};
+      auto pick_weight = [&] {
+        // The older W first, so the activation held longest goes first.
+        const bool w0 = weight_ready(0), w1 = weight_ready(1);
+        if (w0 && (!w1 || n.w[0] <= n.w[1])) step = {Op::backward_weight, 0, n.w[0]};
+        else if (w1) step = {Op::backward_weight, 1, n.w[1]};
+        return step.chunk >= 0;
+      };
       if (input_ready(1)) {
         step = {Op::backward_input, 1, n.b[1]};
       } else if (input_ready(0)) {
         step = {Op::backward_input, 0, n.b[0]};
+      } else if (eager_weights && pick_weight()) {
       } else if (forward_ready(1)) {
         step = {Op::forward, 1, n.f[1]};
       } else if (forward_ready(0) && live[static_cast<size_t>(j)] < admit_below &&
                  (j > 0 || t >= interval * n.f[0])) {
         step = {Op::forward, 0, n.f[0]};
       } else {
-        // The older W first, so the activation held longest goes first.
-        const bool w0 = weight_ready(0), w1 = weight_ready(1);
-        if (w0 && (!w1 || n.w[0] <= n.w[1])) step = {Op::backward_weight, 0, n.w[0]};
-        else if (w1) step = {Op::backward_weight, 1, n.w[1]};
+        pick_weight();
       }
       if (step.chunk < 0) continue;
       const int v = layout.virtual_stage(j, step.chunk);
@@ -168,7 +174,7 @@ int peak_chunk_activations(const ComputeOrder& order) {
   return peak;
 }
 
-// Over admission thresholds and release intervals, the order that finishes first (in the
+// Over admission thresholds, release intervals and both W policies, the order that finishes first (in the
 // replay's unit steps) among those within `bound` chunk activations per stage. The peak is not
 // monotone in the threshold (a lower one can let chunk-1 work pile up), hence the full scan.
 // Threshold 1 always fits a bound of 2: a stage then admits a micro-batch only when it holds
@@ -176,12 +182,15 @@ int peak_chunk_activations(const ComputeOrder& order) {
 static ComputeOrder bounded_v_order(int num_stages, int num_micro_batches, int bound) {
   bound = std::max(2, bound);
   std::optional<CappedOrder> best;
+  for (bool eager : {false, true}) {
   for (int interval : {6, 7, 8, 9, 10, 12}) {
     for (int admit = 1; admit <= bound + num_stages; ++admit) {
-      CappedOrder candidate = capped_v_order(num_stages, num_micro_batches, admit, interval);
+      CappedOrder candidate =
+          capped_v_order(num_stages, num_micro_batches, admit, interval, eager);
       if (peak_chunk_activations(candidate.order) > bound) continue;
       if (!best || candidate.steps < best->steps) best = std::move(candidate);
     }
+  }
   }
   return std::move(best->order);
 }

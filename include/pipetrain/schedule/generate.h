@@ -17,9 +17,9 @@
 //   dualpipev     2       v_shape  DeepSeek's DualPipeV as torch's ScheduleDualPipeV: warm-up
 //                                  forwards, then forward of one chunk + full backward of the
 //                                  other, split I/W in the cool-down; needs M >= 2P
-//   v-half        2       v_shape  controllable-memory V (Qi et al.): at most P chunk
+//   v-half        2       v_shape  controllable-memory V (Qi et al.): at most max(2, P) chunk
 //                                  activations per stage (half of 1F1B's 2P), greedy placement
-//   v-min         2       v_shape  the same with ceil(2P/3) + 1: about a third, more bubble
+//   v-min         2       v_shape  the same within max(2, ceil(2P/3)): a third, more bubble
 #pragma once
 
 #include "pipetrain/schedule/lower.h"
@@ -80,12 +80,14 @@ ComputeOrder v_min_order(int num_stages, int num_micro_batches);
 // The greedy placement behind v-half and v-min (v_memory_orders.cpp): unit-time list
 // scheduling of the V with F on chunk 0 admitted only while the stage holds fewer than
 // `admit_below` chunk activations (>= 1), and stage 0 starting micro-batch i no earlier than
-// step i * interval. `steps`: when the replay finished.
+// step i * interval; eager_weights runs each W before any forward (lazy: only when nothing
+// else can run). `steps`: when the replay finished.
 struct CappedOrder {
   ComputeOrder order;
   int steps = 0;
 };
-CappedOrder capped_v_order(int num_stages, int num_micro_batches, int admit_below, int interval);
+CappedOrder capped_v_order(int num_stages, int num_micro_batches, int admit_below, int interval,
+                           bool eager_weights);
 // The most chunk activations (forward done, backward_weight not yet) a stage of `order` holds.
 int peak_chunk_activations(const ComputeOrder& order);
 
