@@ -44,8 +44,8 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
                  "fp32, bf16 or fp16: what the layers compute in (float32 master weights); overrides the "
                  "config's bf16/fp16 blocks")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  sub.add_option("--schedule", args->schedule, "1f1b (default), fill-drain, interleaved, zb-h1 or zb-v")
-      ->check(CLI::IsMember({"1f1b", "fill-drain", "interleaved", "zb-h1", "zb-v"}));
+  sub.add_option("--schedule", args->schedule, "1f1b (default), fill-drain, interleaved, zb-h1, zb-v, dualpipev, v-half or v-min")
+      ->check(CLI::IsMember({"1f1b", "fill-drain", "interleaved", "zb-h1", "zb-v", "dualpipev", "v-half", "v-min"}));
   auto* steps = sub.add_option("--steps", args->steps, "optimizer steps to train")->check(CLI::PositiveNumber);
   sub.add_option("--epochs", args->epochs, "passes over the training set (cnn)")
       ->check(CLI::PositiveNumber)
