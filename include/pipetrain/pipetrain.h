@@ -38,6 +38,7 @@
 #include "pipetrain/schedule/simulate.h"
 #include "pipetrain/schedule/svg.h"
 #include "pipetrain/schedule/timeline.h"
+#include "pipetrain/schedule/torch_csv.h"
 #include "pipetrain/schedule/trace.h"
 #include "pipetrain/schedule/validate.h"
 #include "pipetrain/comm/channel.h"

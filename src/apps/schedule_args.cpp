@@ -9,6 +9,7 @@
 #include "apps/schedule_commands.h"
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/generate.h"
+#include "pipetrain/schedule/torch_csv.h"
 
 namespace pipetrain::apps {
 namespace {
@@ -30,12 +31,13 @@ int parse_int(const std::string& option, const std::string& text, int minimum, c
 }  // namespace
 
 const char* const kScheduleUsage =
-    "usage: pipetrain schedule --kind fill-drain|1f1b|inference|interleaved|zb-h1|zb-v "
-    "--stages P --micro-batches M [--chunks V] [--stage S] [--format text|json]";
+    "usage: pipetrain schedule --kind fill-drain|1f1b|inference|interleaved|zb-h1|zb-v|dualpipev|v-half|v-min "
+    "--stages P --micro-batches M [--chunks V] [--stage S] [--format text|json|csv] [--with-comm] | "
+    "--from-csv FILE [--stage S] [--format text|json|csv] [--with-comm]";
 
 void ScheduleArgs::add_to(CLI::App& command) {
   // Values are strings checked by generate(); expected(0, 1) lets a missing value reach it.
-  command.add_option("--kind", kind, "fill-drain|1f1b|inference|interleaved|zb-h1|zb-v")
+  command.add_option("--kind", kind, "fill-drain|1f1b|inference|interleaved|zb-h1|zb-v|dualpipev|v-half|v-min")
       ->type_name("KIND")
       ->expected(0, 1);
   command.add_option("--stages", stages, "pipeline stages P")->type_name("P")->expected(0, 1);
@@ -44,29 +46,52 @@ void ScheduleArgs::add_to(CLI::App& command) {
       ->expected(0, 1);
   command
       .add_option("--chunks", chunks,
-                  "model chunks per stage V (interleaved: default 2; zb-v: 2; inference: "
+                  "model chunks per stage V (interleaved: default 2; zb-v, dualpipev, v-half, v-min: 2; "
+                  "inference: "
                   "any; others: 1)")
       ->type_name("V")
       ->expected(0, 1);
   command.add_option("--stage", stage, "show this stage only")->type_name("S")->expected(0, 1);
-  command.add_option("--format", format, "text (default) or json")
+  command.add_option("--format", format, "text (default), json or csv (torch.distributed.pipelining's)")
       ->type_name("FORMAT")
       ->expected(0, 1);
+  command
+      .add_option("--from-csv", from_csv,
+                  "read the schedule from torch.distributed.pipelining's CSV instead of --kind")
+      ->type_name("FILE")
+      ->expected(0, 1);
+  command.add_flag("--with-comm", with_comm, "--format csv: write sends and receives too");
   command.allow_extras();
 }
 
 schedule::Schedule ScheduleArgs::generate() const {
+  if (format != "text" && format != "json" && format != "csv")
+    throw ConfigError(fmt::format("--format expects text, json or csv, got '{}'", format));
+  if (with_comm && format != "csv")
+    throw ConfigError("--with-comm only applies to --format csv; add --format csv or drop it");
+  if (!from_csv.empty()) {
+    for (const auto& [option, value] : {std::pair<const char*, const std::string&>{"--kind", kind},
+                                        {"--stages", stages},
+                                        {"--micro-batches", micro_batches},
+                                        {"--chunks", chunks}})
+      if (!value.empty())
+        throw ConfigError(fmt::format(
+            "--from-csv takes stages, chunks, micro-batches and layout from the file: drop {} {}",
+            option, value));
+    schedule::Schedule s = schedule::read_torch_csv(from_csv);
+    only_stage(s.num_stages());
+    return s;
+  }
   if (kind.empty())
     throw ConfigError(
-        "--kind needs a value: fill-drain, 1f1b, inference, interleaved, zb-h1 or zb-v");
+        "--kind needs a value: fill-drain, 1f1b, inference, interleaved, zb-h1, zb-v, dualpipev, "
+        "v-half or v-min (or read a schedule with --from-csv FILE)");
   const schedule::ScheduleKind k = schedule::parse_kind(kind);
   const int P = parse_int("--stages", stages, 1, "the number of pipeline stages P");
   const int M = parse_int("--micro-batches", micro_batches, 1, "the number of micro-batches M");
   schedule::ScheduleOptions options(k, P, M);
   if (!chunks.empty())
     options.chunks(parse_int("--chunks", chunks, 1, "the number of model chunks per stage V"));
-  if (format != "text" && format != "json")
-    throw ConfigError(fmt::format("--format expects text or json, got '{}'", format));
   only_stage(P);
   return schedule::generate(options);
 }
@@ -81,6 +106,7 @@ std::optional<int> ScheduleArgs::only_stage(int num_stages) const {
 }
 
 bool ScheduleArgs::json() const { return format == "json"; }
+bool ScheduleArgs::csv() const { return format == "csv"; }
 
 int run_command(const char* command, const std::string& usage, const std::function<void()>& body) {
   try {

@@ -17,13 +17,17 @@ void add_simulate_command(CLI::App& app, int& exit_code);
 // gets the same one-line error and usage (CLI11's own checks would print something else).
 struct ScheduleArgs {
   std::string kind, stages, micro_batches, chunks, stage, format = "text";
+  std::string from_csv;    // --from-csv FILE: torch's schedule CSV instead of a kind
+  bool with_comm = false;  // --with-comm: --format csv writes sends and receives too
 
   void add_to(CLI::App& command);
   // Throws ConfigError (a value missing or malformed) or ScheduleError (the kind cannot be
-  // generated with these values), each with a one-line message.
+  // generated with these values), each with a one-line message. With --from-csv, reads the
+  // file instead (P, V, M and the layout come from it; --kind and the counts must be absent).
   schedule::Schedule generate() const;
   std::optional<int> only_stage(int num_stages) const;  // --stage S, checked against P
-  bool json() const;                                    // --format json (text otherwise)
+  bool json() const;                                    // --format json
+  bool csv() const;                                     // --format csv (torch's)
 };
 
 // "usage: pipetrain schedule --kind ... [--format text|json]"

@@ -17,8 +17,8 @@ namespace pipetrain::apps {
 namespace {
 
 const char* const kSimulateUsage =
-    "usage: pipetrain simulate --kind fill-drain|1f1b|inference|interleaved|zb-h1|zb-v "
-    "--stages P --micro-batches M [--chunks V] [--stage S] [--format text|json] "
+    "usage: pipetrain simulate --kind fill-drain|1f1b|inference|interleaved|zb-h1|zb-v|dualpipev|v-half|v-min "
+    "--stages P --micro-batches M [--chunks V] | --from-csv FILE; [--stage S] [--format text|json] "
     "[--cost-forward F] [--cost-backward B] [--cost-weight W] [--cost-comm C] [--cost-send S] "
     "[--defer-weights] [--fill-waits] [--svg FILE] [--trace FILE]";
 
@@ -41,9 +41,12 @@ void write_file(const std::string& option, const std::string& path, const std::s
 
 void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r,
                 const double costs[5], bool fill_waits, std::optional<int> only) {
-  std::cout << fmt::format("{}: {} stages, {} micro-batches, {} chunk(s) per stage\n",
+  std::cout << fmt::format("{}: {} stages, {} micro-batches, {} chunk(s) per stage{}\n",
                            schedule::kind_name(s.kind), s.num_stages(), s.num_micro_batches,
-                           s.num_chunks());
+                           s.num_chunks(),
+                           s.kind == schedule::ScheduleKind::custom
+                               ? fmt::format(" ({} layout)", schedule::layout_name(s.layout.kind()))
+                               : "");
   std::cout << fmt::format(
       "costs per stage: forward {:g}, backward_input {:g}, backward_weight "
       "{:g} (full backward {:g}), transfer {:g}{}\n",
@@ -143,6 +146,8 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
                                parse_cost("--cost-weight", args->weight),
                                parse_cost("--cost-comm", args->comm),
                                parse_cost("--cost-send", args->send)};
+      if (args->schedule.csv() || args->schedule.with_comm)
+        throw ConfigError("simulate prints text or json; write torch's CSV with pipetrain schedule --format csv");
       schedule::Schedule s = args->schedule.generate();
       if (args->defer_weights) s = schedule::defer_weight_gradients(s);
       const auto only = args->schedule.only_stage(s.num_stages());

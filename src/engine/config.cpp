@@ -85,6 +85,7 @@ PipelineConfig read_pipeline(ObjectReader& reader) {
       reader.integer("activation_checkpoint_interval", p.activation_checkpoint_interval, 0);
   p.schedule = reader.string("schedule", p.schedule);
   p.chunks = reader.integer("chunks", p.chunks, 1);
+  p.schedule_csv = reader.string("schedule_csv", p.schedule_csv);
   p.partition_method = reader.string("partition_method", p.partition_method);
   p.balance = reader.integers("balance", 1);
   p.comm_timeout_s = reader.number("comm_timeout_s", p.comm_timeout_s, 0.001);
@@ -378,6 +379,7 @@ std::string EngineConfig::to_json_text() const {
             {"gemm_kernel", pipeline.gemm_kernel},
             {"device", pipeline.device}};
   if (!pipeline.balance.empty()) p["balance"] = pipeline.balance;
+  if (!pipeline.schedule_csv.empty()) p["schedule_csv"] = pipeline.schedule_csv;
   j["pipeline"] = p;
   j["bf16"] = {{"enabled", bf16.enabled}};
   j["fp16"] = {{"enabled", fp16.enabled},

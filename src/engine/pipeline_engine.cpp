@@ -22,6 +22,7 @@
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/schedule/defer_weights.h"
 #include "pipetrain/schedule/generate.h"
+#include "pipetrain/schedule/torch_csv.h"
 #include "pipetrain/util/log.h"
 
 namespace pipetrain {
@@ -50,11 +51,32 @@ int tensor_size(const EngineConfig& config) {
   return static_cast<int>(config.tensor_parallel.size);
 }
 
+// torch's CSV fixes stages and micro-batches itself: they must be the run's.
+schedule::Schedule read_train_schedule_csv(const EngineConfig& config, int stages) {
+  const auto& path = config.pipeline.schedule_csv;
+  auto sched = schedule::read_torch_csv(path);
+  if (!sched.training)
+    throw ConfigError(fmt::format("pipeline.schedule_csv {}: the schedule has no backward actions; a training step needs them", path));
+  if (sched.num_stages() != stages)
+    throw ConfigError(fmt::format("pipeline.schedule_csv {}: {} rows (ranks), but the pipeline has {} stages; write one row per stage",
+                                  path, sched.num_stages(), stages));
+  if (sched.num_micro_batches != config.gradient_accumulation_steps)
+    throw ConfigError(fmt::format(
+        "pipeline.schedule_csv {}: the schedule runs {} micro-batches, gradient_accumulation_steps is {}; set it to {}", path,
+        sched.num_micro_batches, config.gradient_accumulation_steps, sched.num_micro_batches));
+  return sched;
+}
+
 schedule::Schedule make_train_schedule(const EngineConfig& config, int stages) {
+  if (!config.pipeline.schedule_csv.empty()) {
+    auto sched = read_train_schedule_csv(config, stages);
+    if (config.pipeline.deferred_linear) sched = schedule::defer_weight_gradients(sched);
+    return sched;
+  }
   const auto kind = schedule::parse_kind(config.pipeline.schedule);
   if (!schedule::is_training(kind)) {
     throw ConfigError("pipeline.schedule \"" + config.pipeline.schedule +
-                      "\" does not train; use 1f1b, fill-drain, interleaved, zb-h1 or zb-v");
+                      "\" does not train; use 1f1b, fill-drain, interleaved, zb-h1, zb-v, dualpipev, v-half or v-min");
   }
   const int m = static_cast<int>(config.gradient_accumulation_steps);
   const int chunks = config.pipeline.chunks > 1 ? static_cast<int>(config.pipeline.chunks) : 0;

@@ -31,11 +31,14 @@ void check_chunks(const ScheduleOptions& o, int v) {
                         v));
       break;
     case ScheduleKind::zb_v:
+    case ScheduleKind::dualpipe_v:
+    case ScheduleKind::v_half:
+    case ScheduleKind::v_min:
       if (v != 2)
         throw ScheduleError(
-            fmt::format("zb-v places exactly 2 chunks per stage in a V, got {}: use --chunks 2 (or "
+            fmt::format("{} places exactly 2 chunks per stage in a V, got {}: use --chunks 2 (or "
                         "--kind interleaved for other chunk counts)",
-                        v));
+                        kind, v));
       break;
     case ScheduleKind::inference:
       if (v < 1)
@@ -48,8 +51,7 @@ void check_chunks(const ScheduleOptions& o, int v) {
 
 void check_layout(const ScheduleOptions& o) {
   if (!o.layout_set() || o.kind() == ScheduleKind::inference) return;
-  const LayoutKind wanted =
-      o.kind() == ScheduleKind::zb_v ? LayoutKind::v_shape : LayoutKind::looped;
+  const LayoutKind wanted = is_v_shaped(o.kind()) ? LayoutKind::v_shape : LayoutKind::looped;
   if (o.layout_kind() != wanted)
     throw ScheduleError(fmt::format("{} uses the {} layout, not {}: only inference may choose",
                                     kind_name(o.kind()), layout_name(wanted),
@@ -60,12 +62,12 @@ void check_layout(const ScheduleOptions& o) {
 
 int ScheduleOptions::num_chunks() const {
   if (num_chunks_ != 0) return num_chunks_;
-  return kind_ == ScheduleKind::interleaved || kind_ == ScheduleKind::zb_v ? 2 : 1;
+  return kind_ == ScheduleKind::interleaved || is_v_shaped(kind_) ? 2 : 1;
 }
 
 LayoutKind ScheduleOptions::layout_kind() const {
   if (layout_set_) return layout_;
-  return kind_ == ScheduleKind::zb_v ? LayoutKind::v_shape : LayoutKind::looped;
+  return is_v_shaped(kind_) ? LayoutKind::v_shape : LayoutKind::looped;
 }
 
 Schedule generate(const ScheduleOptions& o) {
@@ -76,6 +78,14 @@ Schedule generate(const ScheduleOptions& o) {
   if (M < 1) throw ConfigError(fmt::format("--micro-batches must be at least 1, got {}", M));
   check_chunks(o, V);
   check_layout(o);
+  // torch's ScheduleDualPipeV makes the same demand: its main phase runs M - 2P + j + 1
+  // overlapped pairs on stage j, which stage 0 can only fill with M >= 2P.
+  if (o.kind() == ScheduleKind::dualpipe_v && M < 2 * P)
+    throw ScheduleError(fmt::format(
+        "dualpipev needs at least 2P = {} micro-batches for {} stages (as torch's "
+        "ScheduleDualPipeV), got {}: use --micro-batches {} or more, or --kind zb-v / v-half "
+        "for fewer micro-batches",
+        2 * P, P, M, 2 * P));
   if (static_cast<long>(P) * M * V > kMaxComputeSteps / 3)
     throw ScheduleError(fmt::format(
         "{} stages x {} micro-batches x {} chunks is over the limit of {} (stage, chunk, "
@@ -103,6 +113,15 @@ Schedule generate(const ScheduleOptions& o) {
       break;
     case ScheduleKind::zb_v:
       order = zb_v_order(P, M);
+      break;
+    case ScheduleKind::dualpipe_v:
+      order = dualpipe_v_order(P, M);
+      break;
+    case ScheduleKind::v_half:
+      order = v_half_order(P, M);
+      break;
+    case ScheduleKind::v_min:
+      order = v_min_order(P, M);
       break;
     case ScheduleKind::custom:
       break;  // rejected by check_chunks

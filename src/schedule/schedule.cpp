@@ -13,7 +13,8 @@ namespace {
 constexpr ScheduleKind kKinds[] = {ScheduleKind::fill_drain, ScheduleKind::one_f_one_b,
                                    ScheduleKind::inference,  ScheduleKind::interleaved,
                                    ScheduleKind::zb_h1,      ScheduleKind::zb_v,
-                                   ScheduleKind::custom};
+                                   ScheduleKind::dualpipe_v, ScheduleKind::v_half,
+                                   ScheduleKind::v_min,      ScheduleKind::custom};
 
 }  // namespace
 
@@ -31,6 +32,12 @@ const char* kind_name(ScheduleKind kind) {
       return "zb-h1";
     case ScheduleKind::zb_v:
       return "zb-v";
+    case ScheduleKind::dualpipe_v:
+      return "dualpipev";
+    case ScheduleKind::v_half:
+      return "v-half";
+    case ScheduleKind::v_min:
+      return "v-min";
     case ScheduleKind::custom:
       return "custom";
   }
@@ -48,6 +55,11 @@ ScheduleKind parse_kind(std::string_view name) {
 }
 
 bool is_training(ScheduleKind kind) { return kind != ScheduleKind::inference; }
+
+bool is_v_shaped(ScheduleKind kind) {
+  return kind == ScheduleKind::zb_v || kind == ScheduleKind::dualpipe_v ||
+         kind == ScheduleKind::v_half || kind == ScheduleKind::v_min;
+}
 
 size_t Schedule::num_actions() const {
   size_t total = 0;

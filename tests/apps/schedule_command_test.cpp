@@ -90,7 +90,15 @@ TEST(ScheduleCommand, BadArgumentsGiveOneLineAndUsage) {
       {{"schedule", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--stage", "5"},
        "--stage 5 is outside the 2 stages"},
       {{"schedule", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--format", "xml"},
-       "--format expects text or json, got 'xml'"},
+       "--format expects text, json or csv, got 'xml'"},
+      {{"schedule", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--with-comm"},
+       "--with-comm only applies to --format csv"},
+      {{"schedule", "--kind", "dualpipev", "--stages", "4", "--micro-batches", "6"},
+       "dualpipev needs at least 2P = 8 micro-batches for 4 stages"},
+      {{"schedule", "--from-csv", "x.csv", "--stages", "2"},
+       "--from-csv takes stages, chunks, micro-batches and layout from the file: drop --stages 2"},
+      {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--format", "csv"},
+       "simulate prints text or json"},
       {{"schedule", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--colour"},
        "unknown argument '--colour'"},
       {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--cost-comm", "-1"},
@@ -108,6 +116,34 @@ TEST(ScheduleCommand, BadArgumentsGiveOneLineAndUsage) {
     const std::string second = r.err.substr(r.err.find('\n') + 1);
     EXPECT_EQ(second.rfind("usage: pipetrain " + args[0] + " --kind ", 0), 0u) << r.err;
   }
+}
+
+TEST(ScheduleCommand, TorchCsvOutAndBackIn) {
+  // The contract: dualpipev as torch's CSV, read back by simulate.
+  const CliRun csv = run({"schedule", "--kind", "dualpipev", "--stages", "4", "--micro-batches", "8",
+                          "--format", "csv"});
+  ASSERT_EQ(csv.code, 0) << csv.err;
+  EXPECT_EQ(csv.out.substr(0, csv.out.find('\n')),
+            "0F0,0F1,0F2,0F3,0F4,0F5,0F6,7F0,7I0,7W0,7F1,7I1,7W1,7F2,7I2,7W2,7F3,0F7,7B3,7F4,0B0,"
+            "7B4,7F5,0B1,7B5,7F6,0B2,7B6,7F7,0B3,7B7,0I4,0W4,0I5,0W5,0I6,0W6,0I7,0W7");
+  const std::string path = temp_path("schedule_command_test_dualpipev.csv");
+  {
+    std::ofstream out(path);
+    out << csv.out;
+  }
+  const CliRun sim = run({"simulate", "--from-csv", path});
+  ASSERT_EQ(sim.code, 0) << sim.err;
+  const CliRun generated = run({"simulate", "--kind", "dualpipev", "--stages", "4", "--micro-batches", "8"});
+  // The same figures; only the header names the kind (custom, read from a file) differently.
+  EXPECT_EQ(sim.out.substr(0, sim.out.find('\n')),
+            "custom: 4 stages, 8 micro-batches, 2 chunk(s) per stage (v_shape layout)");
+  EXPECT_EQ(sim.out.substr(sim.out.find('\n')), generated.out.substr(generated.out.find('\n')));
+  const CliRun comm = run({"schedule", "--from-csv", path, "--format", "csv", "--with-comm"});
+  ASSERT_EQ(comm.code, 0) << comm.err;
+  EXPECT_NE(comm.out.find("0SEND_F0,"), std::string::npos) << comm.out;
+  const CliRun missing = run({"simulate", "--from-csv", temp_path("no_such_schedule.csv")});
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("cannot open the file"), std::string::npos) << missing.err;
 }
 
 TEST(SimulateCommand, PrintsMakespanBubbleAndPeakMemory) {

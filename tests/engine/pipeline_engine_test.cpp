@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <thread>
+#include <tuple>
 
 #include "engine/engine_models.h"
 #include "engine/engine_oracle.h"
@@ -44,7 +45,9 @@ INSTANTIATE_TEST_SUITE_P(
                       ScheduleCase{"1f1b", 4, 2, 1}, ScheduleCase{"fill-drain", 2, 3, 1},
                       ScheduleCase{"fill-drain", 3, 5, 1}, ScheduleCase{"interleaved", 2, 4, 2},
                       ScheduleCase{"zb-h1", 2, 4, 1}, ScheduleCase{"zb-h1", 4, 8, 1}, ScheduleCase{"zb-v", 2, 4, 2},
-                      ScheduleCase{"zb-v", 3, 6, 2}),
+                      ScheduleCase{"zb-v", 3, 6, 2}, ScheduleCase{"dualpipev", 2, 4, 2},
+                      ScheduleCase{"dualpipev", 3, 7, 2}, ScheduleCase{"v-half", 2, 4, 2},
+                      ScheduleCase{"v-half", 4, 6, 2}, ScheduleCase{"v-min", 3, 5, 2}),
     [](const auto& info) {
       std::string name = info.param.schedule + "_P" + std::to_string(info.param.stages) + "_M" +
                          std::to_string(info.param.micro_batches);
@@ -53,6 +56,42 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+// A schedule written in torch.distributed.pipelining's CSV format runs like a generated one.
+TEST(Engine, RunsATorchCsvSchedule) {
+  const std::string fixtures = std::string(PIPETRAIN_SOURCE_DIR) + "/tests/fixtures/torch_csv/";
+  for (const auto& [file, stages, micro_batches, depth] :
+       {std::tuple<std::string, int, int, int>{"1f1b_p2_m4.csv", 2, 4, 4},
+        {"interleaved_p2_v2_m4.csv", 2, 4, 8},
+        {"zb_p2_m2_with_comm.csv", 2, 2, 4}}) {
+    SCOPED_TRACE(file);
+    auto c = mlp_case(stages, micro_batches, "1f1b", depth);
+    c.config.pipeline.schedule_csv = fixtures + file;
+    expect_same_training(c);
+  }
+}
+
+TEST(Engine, TorchCsvMustMatchTheRun) {
+  auto c = mlp_case(2, 3, "1f1b");  // the file runs 4 micro-batches
+  c.config.pipeline.schedule_csv = std::string(PIPETRAIN_SOURCE_DIR) + "/tests/fixtures/torch_csv/1f1b_p2_m4.csv";
+  auto hub = comm::InProcessHub::create(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto module = c.module();
+        module.num_stages = 2;
+        PipelineEngine engine(std::move(module), c.config, hub->endpoint(rank));
+      } catch (const ConfigError& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("runs 4 micro-batches, gradient_accumulation_steps is 3; set it to 4"), std::string::npos) << e;
+}
 
 TEST(Engine, DataParallelReplicas) {
   auto c = mlp_case(2, 3, "1f1b");

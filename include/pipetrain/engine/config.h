@@ -64,6 +64,10 @@ struct PipelineConfig {
   int64_t activation_checkpoint_interval = 0;  // checkpoint every N layers inside a stage; 0 = off
   std::string schedule = "1f1b";               // a schedule kind (see `pipetrain schedule --help`)
   int64_t chunks = 1;                          // model chunks per stage (interleaved, zb-v)
+  // A schedule written by torch.distributed.pipelining (`_dump_csv`; schedule/torch_csv.h):
+  // when set, the engine runs it instead of generating `schedule`; its rows must match the
+  // stages and its micro-batches gradient_accumulation_steps.
+  std::string schedule_csv;
   std::string partition_method = "parameters";  // parameters | uniform | type:REGEX | balance
   std::vector<int64_t> balance;                 // partition_method "balance": layers per stage
   double comm_timeout_s = 30.0;                 // every blocking wait between ranks

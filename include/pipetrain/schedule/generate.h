@@ -14,6 +14,12 @@
 //                                  backward_weight steps into the cool-down bubble
 //   zb-v          2       v_shape  Qi et al.'s V: 2(P-j)-1 chunk-0 forwards, j forward pairs,
 //                                  P-j chunk-1 F/I/W, then F I W per chunk (1F1B's memory)
+//   dualpipev     2       v_shape  DeepSeek's DualPipeV as torch's ScheduleDualPipeV: warm-up
+//                                  forwards, then forward of one chunk + full backward of the
+//                                  other, split I/W in the cool-down; needs M >= 2P
+//   v-half        2       v_shape  controllable-memory V (Qi et al.): at most max(2, P) chunk
+//                                  activations per stage (half of 1F1B's 2P), greedy placement
+//   v-min         2       v_shape  the same within max(2, ceil(2P/3)): a third, more bubble
 #pragma once
 
 #include "pipetrain/schedule/lower.h"
@@ -68,6 +74,22 @@ ComputeOrder inference_order(const Layout& layout, int num_micro_batches);
 ComputeOrder interleaved_order(int num_stages, int num_micro_batches, int num_chunks);
 ComputeOrder zb_h1_order(int num_stages, int num_micro_batches);
 ComputeOrder zb_v_order(int num_stages, int num_micro_batches);
+ComputeOrder dualpipe_v_order(int num_stages, int num_micro_batches);  // M >= 2P
+ComputeOrder v_half_order(int num_stages, int num_micro_batches);
+ComputeOrder v_min_order(int num_stages, int num_micro_batches);
+// The greedy placement behind v-half and v-min (v_memory_orders.cpp): unit-time list
+// scheduling of the V with F on chunk 0 admitted only while the stage holds fewer than
+// `admit_below` chunk activations (>= 1), and stage 0 starting micro-batch i no earlier than
+// step i * interval; eager_weights runs each W before any forward (lazy: only when nothing
+// else can run). `steps`: when the replay finished.
+struct CappedOrder {
+  ComputeOrder order;
+  int steps = 0;
+};
+CappedOrder capped_v_order(int num_stages, int num_micro_batches, int admit_below, int interval,
+                           bool eager_weights);
+// The most chunk activations (forward done, backward_weight not yet) a stage of `order` holds.
+int peak_chunk_activations(const ComputeOrder& order);
 
 // The micro-batch groups of the interleaved and inference orders: consecutive runs of P
 // micro-batches, the remainder joining the last group (Megatron's schedule table); a

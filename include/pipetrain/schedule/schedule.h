@@ -16,15 +16,21 @@ enum class ScheduleKind {
   interleaved,  // Megatron interleaved 1F1B, V looped chunks per stage
   zb_h1,        // zero bubble H1: split backward, W deferred, 1F1B memory
   zb_v,         // zero bubble V: two chunks per stage in a V
+  dualpipe_v,   // DeepSeek's DualPipeV: V, overlapped F/B pairs of the two chunks, M >= 2P
+  v_half,       // controllable-memory V (Qi et al.): about half of 1F1B's activation memory
+  v_min,        // controllable-memory V (Qi et al.): about a third of 1F1B's activation memory
   custom,       // written by hand or by a generator outside this library
 };
 
-// "fill-drain", "1f1b", "inference", "interleaved", "zb-h1", "zb-v", "custom".
+// "fill-drain", "1f1b", "inference", "interleaved", "zb-h1", "zb-v", "dualpipev", "v-half",
+// "v-min", "custom".
 const char* kind_name(ScheduleKind kind);
 // Inverse of kind_name; throws ConfigError listing the accepted names.
 ScheduleKind parse_kind(std::string_view name);
 // Every kind but inference computes gradients and ends with the step actions.
 bool is_training(ScheduleKind kind);
+// The kinds that place two chunks per stage in a V (LayoutKind::v_shape).
+bool is_v_shaped(ScheduleKind kind);
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::custom;

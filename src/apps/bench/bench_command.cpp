@@ -322,7 +322,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--stages", args->stages, "pipeline stages (default: the workload's)")->check(CLI::PositiveNumber);
   sub->add_option("--replicas", args->replicas, "data-parallel replicas")->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--schedule", args->schedule, "1f1b, fill-drain, interleaved, zb-h1 or zb-v")->capture_default_str();
+  sub->add_option("--schedule", args->schedule, "1f1b, fill-drain, interleaved, zb-h1, zb-v, dualpipev, v-half or v-min")->capture_default_str();
   sub->add_option("--chunks", args->chunks, "model chunks per stage (interleaved; default: the schedule's)");
   sub->add_option("--micro-batches", args->micro_batches, "micro-batches per step (default: the workload's 8)")
       ->check(CLI::PositiveNumber);

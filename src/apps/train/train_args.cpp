@@ -52,8 +52,8 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
   sub.add_option("--zero-stage", args->zero_stage,
                  "ZeRO stage: 1 shards the optimizer state across the replicas (zero_optimization.stage)")
       ->check(CLI::Range(0, 3));
-  sub.add_option("--schedule", args->schedule, "1f1b (default), fill-drain, interleaved, zb-h1 or zb-v")
-      ->check(CLI::IsMember({"1f1b", "fill-drain", "interleaved", "zb-h1", "zb-v"}));
+  sub.add_option("--schedule", args->schedule, "1f1b (default), fill-drain, interleaved, zb-h1, zb-v, dualpipev, v-half or v-min")
+      ->check(CLI::IsMember({"1f1b", "fill-drain", "interleaved", "zb-h1", "zb-v", "dualpipev", "v-half", "v-min"}));
   auto* steps = sub.add_option("--steps", args->steps, "optimizer steps to train")->check(CLI::PositiveNumber);
   sub.add_option("--epochs", args->epochs, "passes over the training set (cnn)")
       ->check(CLI::PositiveNumber)
