@@ -172,6 +172,7 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
   }
   result.peak_live_activations = peak_live_activations(schedule);
   for (int peak : result.peak_live_activations) result.peak_activation_memory.push_back(peak / V);
+  if (!costs.memory.empty()) result.peak_memory_bytes = peak_memory_bytes(schedule, costs.memory);
   return result;
 }
 
