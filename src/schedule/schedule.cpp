@@ -49,6 +49,13 @@ ScheduleKind parse_kind(std::string_view name) {
 
 bool is_training(ScheduleKind kind) { return kind != ScheduleKind::inference; }
 
+std::vector<ScheduleKind> training_kinds() {
+  std::vector<ScheduleKind> kinds;
+  for (ScheduleKind kind : kKinds)
+    if (kind != ScheduleKind::custom && is_training(kind)) kinds.push_back(kind);
+  return kinds;
+}
+
 size_t Schedule::num_actions() const {
   size_t total = 0;
   for (const auto& actions : stages) total += actions.size();

@@ -25,6 +25,9 @@ const char* kind_name(ScheduleKind kind);
 ScheduleKind parse_kind(std::string_view name);
 // Every kind but inference computes gradients and ends with the step actions.
 bool is_training(ScheduleKind kind);
+// Every kind that trains and has a generator, in kind order (the planner tries each): a new
+// kind added to the list of kinds in schedule.cpp is planned for without further change.
+std::vector<ScheduleKind> training_kinds();
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::custom;
