@@ -17,6 +17,13 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size();
+  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
 double bytes_of(const Batch& b) {
   double bytes = 0;
   for (const auto& t : b.tensors())
@@ -145,7 +152,10 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
   }
 
   // Times: each layer on its own detached input, forward / backward / weight gradient.
-  std::vector<double> f(n, 0), b(n, 0), w(n, 0), o(n, 0);
+  // Per layer and phase, one sample per counted pass; the median resists the preemptions of a
+  // shared machine (a mean would let one descheduled pass move the balance).
+  std::vector<std::vector<double>> f(n), b(n), w(n);
+  std::vector<double> o(n, 0);
   int64_t counted = 0;
   const auto start = Clock::now();
   for (int64_t pass = 0;; ++pass) {
@@ -167,9 +177,9 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
         tw = seconds_since(t0);
       }
       if (pass > 0) {
-        f[i] += tf;
-        b[i] += tb;
-        w[i] += tw;
+        f[i].push_back(tf);
+        b[i].push_back(tb);
+        w[i].push_back(tw);
       }
       std::vector<torch::Tensor> next;
       for (const auto& t : y.tensors()) next.push_back(t.detach());
@@ -183,16 +193,19 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
     if (profile.layers[i].param_bytes == 0) continue;
     auto opt = optimizer_for(all.modules[i].ptr()->parameters(), options.optimizer);
     opt->step();  // state allocated outside the timing, as after the first step of a run
-    const auto t0 = Clock::now();
-    const int reps = 3;
-    for (int r = 0; r < reps; ++r) opt->step();
-    o[i] = seconds_since(t0) / reps;
+    std::vector<double> times;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = Clock::now();
+      opt->step();
+      times.push_back(seconds_since(t0));
+    }
+    o[i] = median(times);
   }
   for (size_t i = 0; i < n; ++i) {
     auto& c = profile.layers[i];
-    c.forward_s = f[i] / static_cast<double>(counted);
-    c.backward_input_s = b[i] / static_cast<double>(counted);
-    c.backward_weight_s = w[i] / static_cast<double>(counted);
+    c.forward_s = median(f[i]);
+    c.backward_input_s = median(b[i]);
+    c.backward_weight_s = median(w[i]);
     c.optimizer_s = o[i];
   }
   return profile;
