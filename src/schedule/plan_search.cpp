@@ -87,6 +87,10 @@ Plan evaluate_plan(const PlanSearchOptions& o, ScheduleKind kind, int P, int M, 
     first = last;
   }
 
+  if (R > 1)
+    for (int j = 0; j < P; ++j)
+      costs.memory[static_cast<size_t>(j)].static_bytes +=
+          3.0 * std::min(o.allreduce_bucket_bytes, grad_bytes[static_cast<size_t>(j)]);
   const SimulationResult r = simulate(s, costs);
   double step = 0, work = 0;
   for (int j = 0; j < P; ++j) {
@@ -95,7 +99,7 @@ Plan evaluate_plan(const PlanSearchOptions& o, ScheduleKind kind, int P, int M, 
       if (!is_step(t.action.op)) end = std::max(end, t.end);
     for (const TimedEvent& e : r.fills[static_cast<size_t>(j)]) end = std::max(end, e.end);
     const double allreduce =
-        R > 1 ? o.link.latency_s + 2.0 * (R - 1) / R * grad_bytes[static_cast<size_t>(j)] / o.link.bytes_per_s : 0.0;
+        R > 1 ? o.link.latency_s + 2.0 * (R - 1) / R * grad_bytes[static_cast<size_t>(j)] / o.link.allreduce_bytes_per_s : 0.0;
     step = std::max(step, end + optimizer[static_cast<size_t>(j)] + allreduce);
     work += R * (r.busy[static_cast<size_t>(j)] + optimizer[static_cast<size_t>(j)]);
   }

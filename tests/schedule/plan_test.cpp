@@ -39,6 +39,7 @@ PlanSearchOptions options(int processes, int cores = 64) {
   for (int M : {1, 2, 4, 8}) o.costs[M] = layers(8, M);
   o.link.latency_s = 0;
   o.link.bytes_per_s = 1e12;
+  o.link.allreduce_bytes_per_s = 1e12;
   o.step_overhead_s = 5e-4;
   return o;
 }
@@ -72,7 +73,7 @@ TEST(PlanSearch, OneStageIsTheClosedForm) {
 
 TEST(PlanSearch, ReplicasPayForTheirAllReduceAndOversubscriptionForTheCores) {
   auto o = options(2);
-  o.link.bytes_per_s = 1e9;
+  o.link.allreduce_bytes_per_s = 1e9;
   const Plan dp = evaluate_plan(o, ScheduleKind::one_f_one_b, 1, 1, 0, 0);
   EXPECT_EQ(dp.replicas, 2);
   // 2 (R-1)/R x 8 MB of gradients at 1 GB/s = 8 ms on top of the one-stage step.
@@ -80,7 +81,7 @@ TEST(PlanSearch, ReplicasPayForTheirAllReduceAndOversubscriptionForTheCores) {
   EXPECT_NEAR(dp.samples_per_s, 2 * 64 / dp.step_s, 1e-9);
   // Two ranks on one core: the step is at least both ranks' work.
   o.cores = 1;
-  o.link.bytes_per_s = 1e12;
+  o.link.allreduce_bytes_per_s = 1e12;
   const Plan shared = evaluate_plan(o, ScheduleKind::one_f_one_b, 1, 1, 0, 0);
   EXPECT_NEAR(shared.step_s, 2 * (8 * 3e-3 + 8 * 1e-4) + 5e-4, 1e-9);
 }

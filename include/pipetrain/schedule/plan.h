@@ -13,7 +13,7 @@
 //                 waits filled when the engine accumulates natively): stage j ends at end_j
 //   step          max_j (end_j + optimizer_j + allreduce_j) + step_overhead_s, where a data-
 //                 parallel all-reduce of stage j's gradients costs
-//                 link.latency_s + 2 (R-1)/R * grad bytes / link.bytes_per_s
+//                 link.latency_s + 2 (R-1)/R * grad bytes / link.allreduce_bytes_per_s
 //   oversubscribed  with more processes than cores the step cannot be shorter than all ranks'
 //                 compute over the cores: max(step, work / cores)
 //
@@ -43,6 +43,7 @@ struct LinkModel {
   double latency_s = 0;            // per message
   double bytes_per_s = 1e9;        // bandwidth between two local ranks
   double send_s = 0;               // time a send keeps its sender
+  double allreduce_bytes_per_s = 1e9;  // a data-parallel gradient all-reduce's bus bandwidth
 };
 
 struct PlanSearchOptions {
@@ -60,6 +61,9 @@ struct PlanSearchOptions {
   double step_overhead_s = 0;         // per step, outside the pipeline (loss all-reduce, barrier)
   bool fill_waits = false;            // the engine accumulates weight gradients natively
   bool defer_weights = true;          // the engine's Linear fast path (defer_weight_gradients)
+  // Data-parallel replicas all-reduce gradients in buckets of this size; the memory model
+  // counts three of them (the flattened bucket and the collective's buffers, as measured).
+  double allreduce_bucket_bytes = 25 << 20;
 };
 
 struct Plan {
