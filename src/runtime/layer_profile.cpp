@@ -109,6 +109,8 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
     Batch x = sample;
     int64_t before = counter.live_bytes();
     for (size_t i = 0; i < n; ++i) {
+      // The fast path keeps its input for the weight gradient, after the graph is gone.
+      if (chunks[i]->num_deferred_linear() > 0) profile.layers[i].weight_bytes = bytes_of(x);
       x = chunks[i]->forward(x, 0);
       const int64_t after = counter.live_bytes();
       profile.layers[i].activation_bytes = static_cast<double>(std::max<int64_t>(after - before, 0));

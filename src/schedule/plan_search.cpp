@@ -73,12 +73,18 @@ Plan evaluate_plan(const PlanSearchOptions& o, ScheduleKind kind, int P, int M, 
     grad_bytes[j] += params;
     const double input = first == 0 ? c.input_bytes : c.output_bytes[static_cast<size_t>(first - 1)];
     const double kept = sum_range(c.activation_bytes, first, last);
+    // Of what a micro-batch holds (its input and what its layers keep), the fast path's inputs
+    // outlive the graph until their deferred weight gradient. (Under checkpointing they are
+    // recomputed and kept from the recompute on: the recompute's transient holds them.)
+    const double kept_w =
+        c.weight_bytes.empty() || ckpt ? 0.0 : std::min(input + kept, sum_range(c.weight_bytes, first, last));
     StageMemory& m = costs.memory[j];
     m.static_bytes += params + (c.state_bytes.empty() ? params * (1.0 + o.optimizer_state_factor)
                                                       : sum_range(c.state_bytes, first, last));
+    m.weight_bytes += kept_w;
     // Under checkpointing a micro-batch keeps its part's input; the recompute holds the rest
     // while that part's backward runs.
-    m.activation_bytes += input + (ckpt ? 0.0 : kept);
+    m.activation_bytes += ckpt ? input : input + kept - kept_w;
     if (ckpt) m.transient_bytes = std::max(m.transient_bytes, kept * V);
     if (v + 1 < parts) {
       const double bytes = c.output_bytes[static_cast<size_t>(last - 1)];

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "pipetrain/error.h"
+#include "pipetrain/schedule/defer_weights.h"
 #include "pipetrain/schedule/generate.h"
 #include "pipetrain/schedule/simulate.h"
 #include "pipetrain/schedule/validate.h"
@@ -45,6 +46,15 @@ TEST(MemoryModel, ChunksHoldTheirShareAndAgreeWithPeakLiveActivations) {
   const auto live = peak_live_activations(s);
   const auto peak = peak_memory_bytes(s, same(2, 0, 8));
   for (int j = 0; j < 2; ++j) EXPECT_DOUBLE_EQ(peak[j], live[j] * 8.0 / 2) << "stage " << j;
+}
+
+// Deferred weight gradients: the graph goes at I, the fast path's kept inputs at W. The last
+// stage of a deferred 1F1B has no cool-down wait, so all its Ws run before the step: its
+// graph bytes peak at one micro-batch, its kept inputs at all four.
+TEST(MemoryModel, DeferredWeightsHoldTheirInputsUntilW) {
+  const auto s = defer_weight_gradients(generate(ScheduleOptions(ScheduleKind::one_f_one_b, 2, 4)));
+  EXPECT_EQ(peak_memory_bytes(s, same(2, 0, 10))[1], 10);
+  EXPECT_EQ(peak_memory_bytes(s, {StageMemory{}, StageMemory{0, 0, 0, 10}})[1], 40);
 }
 
 TEST(MemoryModel, SimulateReportsBytesWhenGivenAMemoryModel) {

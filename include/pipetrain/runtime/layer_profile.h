@@ -27,6 +27,7 @@ struct LayerCost {
   double backward_weight_s = 0;  // the fast path's weight gradient (0 for other layers)
   double optimizer_s = 0;        // one optimizer step over the layer's parameters
   double activation_bytes = 0;   // kept from forward to backward, per micro-batch
+  double weight_bytes = 0;       // of those, kept until the weight gradient (the fast path's input)
   double output_bytes = 0;       // the layer's output (what a stage boundary after it sends)
   double param_bytes = 0;        // parameters (tied layers: at their first use only)
   double state_bytes = 0;        // kept between steps besides the parameters: gradients, the

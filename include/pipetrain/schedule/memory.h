@@ -9,10 +9,13 @@
 // counted at every backward action). So
 //
 //   peak[j] = static[j] + max over positions k of stage j's list of
-//               live(k) * activation[j] / V  +  (action k is a backward ? transient[j] / V : 0)
+//               live(k) * activation[j] / V  +  held(k) * weight[j] / V
+//               + (action k is a backward ? transient[j] / V : 0)
 //
 // where live(k) counts the (chunk, micro-batch) pairs whose forward ran at or before k and
-// whose backward / backward_weight (the last one of them) runs at or after k. Pure: no torch,
+// whose backward or backward_input runs at or after k, and held(k) those whose last backward
+// action (a deferred backward_weight) runs at or after k: a split backward frees the graph at
+// I, but the Linear fast path keeps its inputs until W. Pure: no torch,
 // the bytes come from a profile (runtime/layer_profile.h) or a hand calculation.
 #pragma once
 
@@ -27,6 +30,9 @@ struct StageMemory {
   double static_bytes = 0;      // parameters + gradients + optimizer state
   double activation_bytes = 0;  // held per micro-batch in flight (whole stage, all chunks)
   double transient_bytes = 0;   // extra while a backward runs (a checkpoint's recompute)
+  // Held per micro-batch in flight until its last backward action (a deferred weight
+  // gradient's inputs), where activation_bytes go at its input-gradient backward.
+  double weight_bytes = 0;
 };
 
 // Bytes of optimizer state per byte of parameters: 2 for Adam/AdamW (two moments), 1 for SGD

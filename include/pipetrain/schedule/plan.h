@@ -36,6 +36,9 @@ struct LayerCosts {
   // Kept between steps besides the parameters (gradients, optimizer state, cached copies), as
   // profiled; empty: param_bytes x (1 + optimizer_state_factor).
   std::vector<double> state_bytes;
+  // Of activation_bytes, what the Linear fast path keeps until the weight gradient (its input);
+  // empty: none.
+  std::vector<double> weight_bytes;
   double input_bytes = 0;  // the model's input per micro-batch
 };
 

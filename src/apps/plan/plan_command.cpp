@@ -124,6 +124,7 @@ int run_plan(const PlanArgs& a) {
       c.output_bytes.push_back(l.output_bytes);
       c.param_bytes.push_back(l.param_bytes);
       c.state_bytes.push_back(l.state_bytes);
+      c.weight_bytes.push_back(l.weight_bytes);
     }
     c.input_bytes = profile.input_bytes;
     o.costs[m] = std::move(c);
