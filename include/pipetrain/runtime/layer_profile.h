@@ -43,7 +43,7 @@ struct LayerProfile {
 
 struct LayerProfileOptions {
   std::chrono::milliseconds budget{300};  // timing passes run until this is spent
-  int64_t min_passes = 4;                 // the first pass is a warm-up and is not counted;
+  int64_t min_passes = 3;                 // the first pass is a warm-up and is not counted;
                                           // each time is the median over the others
   StageModelOptions stage;                // the engine's (fast path, GEMM kernel); no checkpoints
   std::string optimizer = "SGD";          // SGD, Adam or AdamW: the step that is timed

@@ -26,7 +26,7 @@ double env_number(const char* name, double fallback) {
 
 Calibration calibration() {
   Calibration c;
-  c.link.latency_s = env_number("PIPETRAIN_PLAN_LATENCY_US", 100) * 1e-6;
+  c.link.latency_s = env_number("PIPETRAIN_PLAN_LATENCY_US", 1000) * 1e-6;
   c.link.bytes_per_s = env_number("PIPETRAIN_PLAN_BANDWIDTH_MBS", 2000) * 1e6;
   c.link.send_s = env_number("PIPETRAIN_PLAN_SEND_US", 20) * 1e-6;
   c.link.allreduce_bytes_per_s = env_number("PIPETRAIN_PLAN_ALLREDUCE_MBS", 400) * 1e6;
