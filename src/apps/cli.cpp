@@ -15,6 +15,7 @@ void add_reference_command(CLI::App& app, int& exit_code);  // reference_command
 void add_bench_command(CLI::App& app, int& exit_code);      // bench/bench_command.cpp
 void add_train_command(CLI::App& app, int& exit_code);      // train/train_command.cpp
 void add_balance_command(CLI::App& app, int& exit_code);    // balance_command.cpp
+void add_plan_command(CLI::App& app, int& exit_code);       // plan/plan_command.cpp
 
 void add_all_commands(CLI::App& app, int& exit_code) {
   add_schedule_command(app, exit_code);
@@ -24,6 +25,7 @@ void add_all_commands(CLI::App& app, int& exit_code) {
   add_reference_command(app, exit_code);
   add_bench_command(app, exit_code);
   add_balance_command(app, exit_code);
+  add_plan_command(app, exit_code);
 }
 
 int run_cli(int argc, char** argv) {

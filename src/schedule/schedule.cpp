@@ -61,6 +61,13 @@ bool is_v_shaped(ScheduleKind kind) {
          kind == ScheduleKind::v_half || kind == ScheduleKind::v_min;
 }
 
+std::vector<ScheduleKind> training_kinds() {
+  std::vector<ScheduleKind> kinds;
+  for (ScheduleKind kind : kKinds)
+    if (kind != ScheduleKind::custom && is_training(kind)) kinds.push_back(kind);
+  return kinds;
+}
+
 size_t Schedule::num_actions() const {
   size_t total = 0;
   for (const auto& actions : stages) total += actions.size();

@@ -31,8 +31,14 @@ void check_costs(const char* name, const std::vector<double>& values, int num_st
 CostModel CostModel::uniform(int num_stages, double forward, double backward_input,
                              double backward_weight, double transfer) {
   const size_t n = static_cast<size_t>(std::max(num_stages, 0));
-  return {std::vector<double>(n, forward), std::vector<double>(n, backward_input),
-          std::vector<double>(n, backward_weight), std::vector<double>(n, transfer)};
+  // Member by member: an aggregate initialiser would leave send and memory to GCC's
+  // missing-initializer warning.
+  CostModel c;
+  c.forward.assign(n, forward);
+  c.backward_input.assign(n, backward_input);
+  c.backward_weight.assign(n, backward_weight);
+  c.transfer.assign(n, transfer);
+  return c;
 }
 
 std::vector<TimedEvent> SimulationResult::events() const {
@@ -172,6 +178,7 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
   }
   result.peak_live_activations = peak_live_activations(schedule);
   for (int peak : result.peak_live_activations) result.peak_activation_memory.push_back(peak / V);
+  if (!costs.memory.empty()) result.peak_memory_bytes = peak_memory_bytes(schedule, costs.memory);
   return result;
 }
 

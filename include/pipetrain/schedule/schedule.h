@@ -31,6 +31,9 @@ ScheduleKind parse_kind(std::string_view name);
 bool is_training(ScheduleKind kind);
 // The kinds that place two chunks per stage in a V (LayoutKind::v_shape).
 bool is_v_shaped(ScheduleKind kind);
+// Every kind that trains and has a generator, in kind order (the planner tries each): a new
+// kind added to the list of kinds in schedule.cpp is planned for without further change.
+std::vector<ScheduleKind> training_kinds();
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::custom;

@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "pipetrain/schedule/memory.h"
 #include "pipetrain/schedule/schedule.h"
 #include "pipetrain/schedule/timeline.h"
 
@@ -29,6 +30,8 @@ struct CostModel {
   // the step actions run what is left first. Off: every W action costs backward_weight / V
   // where the list puts it.
   bool fill_waits = false;
+  // Bytes per stage (memory.h); empty: the result's peak_memory_bytes stays empty.
+  std::vector<StageMemory> memory;
 
   // The same costs on every stage.
   static CostModel uniform(int num_stages, double forward, double backward_input,
@@ -48,6 +51,7 @@ struct SimulationResult {
   double bubble_overall = 0;                       // idle fraction over all stages
   std::vector<int> peak_live_activations;          // per stage, counted per (chunk, micro-batch)
   std::vector<double> peak_activation_memory;      // the same in whole-stage units (count / V)
+  std::vector<double> peak_memory_bytes;           // per stage, with CostModel::memory (memory.h)
   std::vector<std::vector<TimedAction>> timeline;  // per stage, in list order
   // Per stage (fill_waits): queued weight work run outside its own actions, as W events of
   // micro-batch -1 like the engine records them; counted in busy.

@@ -11,12 +11,18 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/bench_subject.h"
 #include "apps/bench/mlp_workload.h"
+#include "apps/examples/example.h"
+#include "apps/plan/plan_file.h"
 #include "apps/commands.h"
 #include "pipetrain/comm/launcher.h"
+#include "pipetrain/comm/rank_info.h"
+#include "pipetrain/comm/topology.h"
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/engine/pipeline_engine.h"
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/allocation_counter.h"
 #include "pipetrain/schedule/schedule.h"
 #include "pipetrain/schedule/trace.h"
 #include "pipetrain/util/blas.h"
@@ -28,7 +34,9 @@ namespace {
 using json = nlohmann::json;
 
 struct BenchArgs {
-  std::string workload = "mlp";
+  std::string workload;  // "": mlp, unless --example or --plan names the subject
+  std::string example;
+  std::string plan;  // a plan file (pipetrain plan): its layout, balance and checkpointing
   int stages = 0;  // 0: the workload's
   int replicas = 1;
   std::string schedule = "1f1b";
@@ -86,45 +94,38 @@ json run_baseline(const BenchArgs& args) {
           {"loss_last", losses.back()}};
 }
 
-EngineConfig bench_config(const BenchArgs& args, int stages, int micro_batches) {
-  EngineConfig c;
-  c.train_micro_batch_size_per_gpu = MlpWorkload::kRows / micro_batches;
-  c.gradient_accumulation_steps = micro_batches;
-  c.steps_per_print = 0;
-  c.optimizer.type = "SGD";
-  c.optimizer.lr = MlpWorkload::kLr;
+EngineConfig bench_config(const BenchArgs& args, const BenchSubject& subject, int stages) {
+  EngineConfig c = subject.config;
   c.pipeline.stages = stages;
   c.pipeline.schedule = args.schedule;
   c.pipeline.chunks = args.chunks;
-  c.pipeline.partition_method = "uniform";
   c.pipeline.gemm_kernel = args.gemm_kernel;
   c.pipeline.deferred_linear = args.deferred_linear;
   c.set_precision(args.precision);
+  if (!args.plan.empty()) apply_plan(read_plan_file(args.plan), c);
   return c;
 }
 
 // One rank of the engine run (started by run_engine through comm::launch).
 int run_worker(const BenchArgs& args) {
-  auto workload = make_mlp_workload(args.workload);
-  const int stages = args.stages > 0 ? args.stages : workload.stages;
-  const int m = args.micro_batches > 0 ? args.micro_batches : workload.micro_batches;
-  if (MlpWorkload::kRows % m != 0) {
-    throw ConfigError(fmt::format("--micro-batches {} does not divide the batch of {} rows", m, MlpWorkload::kRows));
-  }
-  auto config = bench_config(args, stages, m);
+  // The replica decides the example's data shard.
+  const auto info = comm::rank_info_from_env();
+  const int stages = args.stages > 0 ? args.stages : bench_shape(args.workload, args.example).stages;
+  const int replica = comm::Topology::for_world(info.world_size, stages).replica_of(info.rank);
+  auto subject = bench_subject(args.workload, args.example, args.micro_batches, replica, args.replicas);
+  auto config = bench_config(args, subject, stages);
   auto comm = PipelineEngine::connect_from_env(config);
-  PipelineEngine engine(mlp_pipeline_module(workload), config, comm);
-  // Every replica trains on the workload's batch (replicas multiply the samples per step).
-  const int64_t rows = MlpWorkload::kRows / m;
+  // Counts what the engine allocates on this thread from here on (its layers, gradients,
+  // optimizer state, activations): the measured side of the planner's memory model.
+  runtime::AllocationCounter allocations;
+  PipelineEngine engine(std::move(subject.module), config, comm);
   std::vector<double> losses;
   int64_t bytes_sent = 0;
   auto step = [&] {
-    int i = 0;
+    size_t i = 0;
     FunctionIterator it([&]() -> std::optional<MicroBatch> {
-      if (i >= m) return std::nullopt;
-      MicroBatch mb{Batch(workload.x.narrow(0, i * rows, rows)), Batch(workload.y.narrow(0, i * rows, rows))};
-      ++i;
-      return mb;
+      if (i >= subject.micro_batches.size()) return std::nullopt;
+      return subject.micro_batches[i++];
     });
     losses.push_back(engine.train_batch(it));
     bytes_sent = engine.last_step().bytes_sent;
@@ -158,10 +159,18 @@ int run_worker(const BenchArgs& args) {
     trace_options.microseconds_per_unit = 1e6;
     if (comm->rank() == 0) std::ofstream(args.trace) << schedule::render_chrome_trace(events, trace_options);
   }
+  // Every rank's peak, by rank (collective).
+  auto peaks = torch::zeros({comm->world_size()}, torch::kDouble);
+  peaks[comm->rank()] = static_cast<double>(allocations.peak_bytes()) / (1 << 20);
+  std::vector<torch::Tensor> reduce{peaks};
+  comm->world().all_reduce(reduce, comm::ReduceOp::Sum, "peak memory");
   if (comm->rank() == 0) {
-    const double samples = static_cast<double>(args.steps) * MlpWorkload::kRows * engine.num_replicas();
+    const double samples = static_cast<double>(args.steps) * static_cast<double>(subject.rows) * engine.num_replicas();
+    json per_stage = json::array();
+    for (int j = 0; j < engine.num_stages(); ++j) per_stage.push_back(peaks[engine.topology().rank_of({j, 0})].item<double>());
     json r = {{"samples_per_s", samples / elapsed},
-              {"gflops", MlpWorkload::kFlopsPerStep * args.steps * engine.num_replicas() / elapsed / 1e9},
+              {"gflops", subject.flops_per_step * args.steps * engine.num_replicas() / elapsed / 1e9},
+              {"peak_allocated_mb_per_stage", per_stage},
               {"loss_first", losses.front()},
               {"loss_last", losses.back()},
               {"step_ms", step_ms},
@@ -183,9 +192,13 @@ int run_worker(const BenchArgs& args) {
 
 std::vector<std::string> worker_command(const BenchArgs& args, const std::string& result) {
   std::vector<std::string> cmd{std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "--worker",
-                               "--result", result, "--workload", args.workload, "--schedule", args.schedule,
+                               "--result", result, "--schedule", args.schedule,
                                "--steps", std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
                                "--gemm-kernel", args.gemm_kernel, "--precision", args.precision};
+  if (!args.workload.empty()) cmd.insert(cmd.end(), {"--workload", args.workload});
+  if (!args.example.empty()) cmd.insert(cmd.end(), {"--example", args.example});
+  if (!args.plan.empty()) cmd.insert(cmd.end(), {"--plan", std::filesystem::absolute(args.plan).string()});
+  cmd.insert(cmd.end(), {"--replicas", std::to_string(args.replicas)});
   if (args.stages > 0) cmd.insert(cmd.end(), {"--stages", std::to_string(args.stages)});
   if (args.chunks > 0) cmd.insert(cmd.end(), {"--chunks", std::to_string(args.chunks)});
   if (args.micro_batches > 0) cmd.insert(cmd.end(), {"--micro-batches", std::to_string(args.micro_batches)});
@@ -213,15 +226,41 @@ json run_engine(const BenchArgs& args, int stages) {
   return r;
 }
 
-int run_bench(const BenchArgs& args) {
+// The plan's layout on the arguments (its balance and checkpointing reach the workers
+// through the file).
+BenchArgs with_plan(BenchArgs args) {
+  if (args.plan.empty()) {
+    if (args.workload.empty() && args.example.empty()) args.workload = "mlp";
+    return args;
+  }
+  const PlanSpec plan = read_plan_file(args.plan);
+  if (args.workload.empty() && args.example.empty()) {
+    args.workload = plan.workload;
+    args.example = plan.example;
+  }
+  args.stages = plan.stages;
+  args.replicas = plan.replicas;
+  args.micro_batches = plan.micro_batches;
+  args.schedule = plan.schedule;
+  args.chunks = plan.chunks;
+  return args;
+}
+
+int run_bench(BenchArgs args) {
+  args = with_plan(std::move(args));
   if (args.worker) return run_worker(args);
-  const auto probe = make_mlp_workload(args.workload);
-  const int stages = args.stages > 0 ? args.stages : probe.stages;
-  const int m = args.micro_batches > 0 ? args.micro_batches : probe.micro_batches;
+  const auto shape = bench_shape(args.workload, args.example);
+  // Only the workloads have the plain loop of WORKLOADS.md to compare with.
+  if (!args.example.empty()) args.skip_baseline = true;
+  const int stages = args.stages > 0 ? args.stages : shape.stages;
+  const int m = args.micro_batches > 0 ? args.micro_batches : shape.micro_batches;
+  if (shape.rows % m != 0)
+    throw ConfigError(fmt::format("--micro-batches {} does not divide the step's {} rows", m, shape.rows));
   const auto blas = util::blas_info();
+  const std::string subject = args.workload.empty() ? "example " + args.example : "workload " + args.workload;
   if (!args.json_only) {
-    std::cout << fmt::format("workload {}: {} stages x {} replicas, {} micro-batches, schedule {}, {} steps after {} warm-up, {} repeat(s)\n",
-                             args.workload, stages, args.replicas, m, args.schedule, args.steps, args.warmup, args.repeat)
+    std::cout << fmt::format("{}: {} stages x {} replicas, {} micro-batches, schedule {}, {} steps after {} warm-up, {} repeat(s)\n",
+                             subject, stages, args.replicas, m, args.schedule, args.steps, args.warmup, args.repeat)
               << util::describe_blas(blas) << std::endl;
   }
   std::vector<json> engine_runs, baseline_runs, fp32_runs;
@@ -265,7 +304,8 @@ int run_bench(const BenchArgs& args) {
   const double fp32_sps = fp32_runs.empty() ? sps : med(fp32_runs, "samples_per_s");
   const json& fp32_first = fp32_runs.empty() ? engine_runs.front() : fp32_runs.front();
   const double base = baseline_runs.empty() ? 0.0 : med(baseline_runs, "samples_per_s");
-  json out = {{"workload", args.workload},
+  json out = {{"workload", args.workload.empty() ? json(nullptr) : json(args.workload)},
+              {"example", args.example.empty() ? json(nullptr) : json(args.example)},
               {"stages", stages},
               {"replicas", args.replicas},
               {"micro_batches", m},
@@ -293,7 +333,18 @@ int run_bench(const BenchArgs& args) {
               {"rank0_bytes_sent_per_step", engine_runs.front()["rank0_bytes_sent_per_step"]},
               {"fp32_rank0_bytes_sent_per_step", fp32_first["rank0_bytes_sent_per_step"]},
               {"deferred_linear", args.deferred_linear},
+              {"peak_allocated_mb_per_stage", engine_runs.front()["peak_allocated_mb_per_stage"]},
               {"blas", blas.name}};
+  if (!args.plan.empty()) {
+    const PlanSpec plan = read_plan_file(args.plan);
+    out["plan"] = plan_to_json(plan);
+    out["predicted_samples_per_s"] = plan.predicted_samples_per_s;
+    out["predicted_peak_memory_mb"] = plan.predicted_peak_memory_mb;
+    if (!args.json_only)
+      std::cout << fmt::format("plan: predicted {:.1f} samples/s, measured {:.1f} ({:+.1f}%)\n",
+                               plan.predicted_samples_per_s, sps,
+                               100.0 * (plan.predicted_samples_per_s / sps - 1.0));
+  }
   if (!args.json_only && !fp32_runs.empty()) {
     std::cout << fmt::format("median: engine {} {:.1f} samples/s, engine fp32 {:.1f} samples/s, ratio {:.2f}x\n",
                              args.precision, sps, fp32_sps, sps / fp32_sps);
@@ -317,9 +368,14 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "run a standard workload (shared/bench/WORKLOADS.md) through the pipeline engine, with its "
       "ranks as local processes, and the plain one-thread loop in the same invocation; the last "
       "line is one JSON object (samples_per_s, baseline_samples_per_s, speedup, losses, bubble)");
-  sub->add_option("--workload", args->workload, "mlp (2 stages) or mlp-4 (4 stages)")
-      ->check(CLI::IsMember({"mlp", "mlp-4"}))
-      ->capture_default_str();
+  sub->add_option("--workload", args->workload, "mlp (2 stages, the default) or mlp-4 (4 stages)")
+      ->check(CLI::IsMember({"mlp", "mlp-4"}));
+  sub->add_option("--example", args->example, "or an example model (cnn, gpt, mlp) on one fixed step of its data")
+      ->check(CLI::IsMember({"cnn", "gpt", "mlp"}));
+  sub->add_option("--plan", args->plan,
+                  "run the layout of a plan file (pipetrain plan's output; its last JSON line) and report its "
+                  "predicted samples/s beside the measured")
+      ->check(CLI::ExistingFile);
   sub->add_option("--stages", args->stages, "pipeline stages (default: the workload's)")->check(CLI::PositiveNumber);
   sub->add_option("--replicas", args->replicas, "data-parallel replicas")->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--schedule", args->schedule, "1f1b, fill-drain, interleaved, zb-h1, zb-v, dualpipev, v-half or v-min")->capture_default_str();

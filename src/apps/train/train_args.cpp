@@ -2,6 +2,8 @@
 #include "apps/train/train_args.h"
 
 #include "apps/examples/example.h"
+#include "apps/plan/plan_file.h"
+#include "pipetrain/error.h"
 
 #include <fmt/format.h>
 
@@ -23,12 +25,29 @@ std::vector<std::string> TrainArgs::worker_arguments() const {
   add("--steps", steps, steps > 0);
   add("--epochs", epochs, epochs > 0);
   add("--config", config_file, !config_file.empty());
+  add("--plan", plan, !plan.empty());
   add("--eval-every", eval_every, eval_every > 0);
   add("--eval-samples", eval_samples, eval_samples > 0);
   add("--log-every", log_every, log_every > 0);
   add("--checkpoint-every", checkpoint_every, checkpoint_every > 0);
   if (resume) a.push_back("--resume");
   return a;
+}
+
+void apply_plan_file(TrainArgs& args, bool example_given) {
+  if (args.plan.empty()) return;
+  const PlanSpec plan = read_plan_file(args.plan);
+  // The workloads are the "mlp" example's model.
+  const std::string example = !plan.example.empty() ? plan.example : !plan.workload.empty() ? "mlp" : args.example;
+  if (example_given && example != args.example)
+    throw ConfigError(fmt::format("--plan {} was made for {}, not --example {}; plan that example or drop --example",
+                                  args.plan, example, args.example));
+  args.example = example;
+  args.stages = plan.stages;
+  args.replicas = plan.replicas;
+  args.micro_batches = plan.micro_batches;
+  if (plan.micro_batch_size > 0) args.micro_batch_size = static_cast<int>(plan.micro_batch_size);
+  args.schedule = plan.schedule;
 }
 
 void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
@@ -59,6 +78,10 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
       ->check(CLI::PositiveNumber)
       ->excludes(steps);
   sub.add_option("--config", args->config_file, "the engine's JSON config (DeepSpeed key names)")
+      ->check(CLI::ExistingFile);
+  sub.add_option("--plan", args->plan,
+                 "train with a plan's layout, balance and checkpointing (pipetrain plan's output; its last "
+                 "JSON line)")
       ->check(CLI::ExistingFile);
   sub.add_option("--run-dir", args->run_dir, "where metrics, plots, trace, checkpoint and summary go "
                                              "(default runs/<example>-<time>)");

@@ -23,6 +23,7 @@ struct TrainArgs {
   int64_t steps = 0;         // 0: --epochs or the example's default
   double epochs = 0;
   std::string config_file;
+  std::string plan;  // a plan file (pipetrain plan): layout, balance, checkpointing
   std::string run_dir;
   bool resume = false;
   int64_t checkpoint_every = 0;  // also save every N steps (0: at the end only)
@@ -39,6 +40,11 @@ struct TrainArgs {
   // The arguments a rank gets (with --worker and the resolved run directory).
   std::vector<std::string> worker_arguments() const;
 };
+
+// The plan file's layout on the arguments (example, stages, replicas, micro-batches and their
+// size, schedule); its chunks, balance and checkpointing go on the config (make_train_config).
+// Does nothing without --plan; ConfigError for a plan of another example than --example.
+void apply_plan_file(TrainArgs& args, bool example_given);
 
 void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args);
 

@@ -134,7 +134,14 @@ void add_train_command(CLI::App& app, int& exit_code) {
       "  pipetrain train --stages 4 --schedule zb-h1 --micro-batches 8\n"
       "  pipetrain train --run-dir runs/a --resume --stages 3   # continue with another layout");
   add_train_options(*sub, args);
-  sub->callback([args, &exit_code] { exit_code = run_train(*args); });
+  sub->callback([args, sub, &exit_code] {
+    TrainArgs a = *args;
+    if (!a.worker && !a.plan.empty()) {
+      apply_plan_file(a, sub->get_option("--example")->count() > 0);
+      a.plan = fs::absolute(a.plan).string();  // the ranks may start elsewhere
+    }
+    exit_code = run_train(std::move(a));
+  });
 }
 
 }  // namespace pipetrain::apps

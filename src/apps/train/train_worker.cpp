@@ -17,6 +17,7 @@
 
 #include "apps/examples/example.h"
 #include "apps/examples/reference_trainer.h"
+#include "apps/plan/plan_file.h"
 #include "apps/train/progress.h"
 #include "apps/train/train_monitor.h"
 #include "apps/train/train_worker.h"
@@ -127,6 +128,14 @@ EngineConfig make_train_config(const TrainArgs& args, const examples::Example& e
   // Every process parses the file; rank 0 alone logs its warnings (run_train_worker).
   auto config = examples::example_config(ex, args.config_file, ConfigWarnings::Collect);
   if (!args.schedule.empty()) config.pipeline.schedule = args.schedule;
+  if (!args.plan.empty()) {
+    // The plan's chunks, balance and checkpointing (its layout is already on the arguments).
+    auto plan = read_plan_file(args.plan);
+    plan.micro_batch_size = config.train_micro_batch_size_per_gpu;
+    plan.micro_batches = static_cast<int>(config.gradient_accumulation_steps);
+    plan.replicas = static_cast<int>(args.replicas);
+    apply_plan(plan, config);
+  }
   if (!args.precision.empty()) config.set_precision(args.precision);
   if (args.tensor_parallel > 0) config.tensor_parallel.size = args.tensor_parallel;
   if (args.zero_stage >= 0) {

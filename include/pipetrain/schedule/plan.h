@@ -1,0 +1,96 @@
+// The planner's search: every layout of a model over N processes (stages x replicas, micro-
+// batches, schedule kind, balance, activation checkpointing) costed with the simulator and the
+// memory model, best first. Pure: per-layer costs in (profiled by runtime/layer_profile.h),
+// plans out.
+//
+// Predicted step time of a candidate (all times per micro-batch from the profile at its size):
+//
+//   stage costs   F, B, W = sums over the stage's layers (all its chunks); checkpointing adds a
+//                 recompute forward to B
+//   transfer      link.latency_s + boundary bytes / link.bytes_per_s, per sending stage;
+//                 posting a send keeps the sender link.send_s
+//   pipeline      simulate() of the schedule as the engine runs it (weight gradients deferred,
+//                 waits filled when the engine accumulates natively): stage j ends at end_j
+//   step          max_j (end_j + optimizer_j + allreduce_j) + step_overhead_s, where a data-
+//                 parallel all-reduce of stage j's gradients costs
+//                 link.latency_s + 2 (R-1)/R * grad bytes / link.allreduce_bytes_per_s
+//   oversubscribed  with more processes than cores the step cannot be shorter than all ranks'
+//                 compute over the cores: max(step, work / cores)
+//
+// samples/s = replicas * batch rows / step.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pipetrain/schedule/memory.h"
+#include "pipetrain/schedule/schedule.h"
+
+namespace pipetrain::schedule {
+
+// Per-layer costs at one micro-batch size (seconds and bytes).
+struct LayerCosts {
+  std::vector<double> forward, backward_input, backward_weight, optimizer;
+  std::vector<double> activation_bytes, output_bytes, param_bytes;
+  // Kept between steps besides the parameters (gradients, optimizer state, cached copies), as
+  // profiled; empty: param_bytes x (1 + optimizer_state_factor).
+  std::vector<double> state_bytes;
+  // Of activation_bytes, what the Linear fast path keeps until the weight gradient (its input);
+  // empty: none.
+  std::vector<double> weight_bytes;
+  double input_bytes = 0;  // the model's input per micro-batch
+};
+
+struct LinkModel {
+  double latency_s = 0;            // per message
+  double bytes_per_s = 1e9;        // bandwidth between two local ranks
+  double send_s = 0;               // time a send keeps its sender
+  double allreduce_bytes_per_s = 1e9;  // a data-parallel gradient all-reduce's bus bandwidth
+};
+
+struct PlanSearchOptions {
+  int processes = 2;                  // stages x replicas = processes
+  int cores = 2;                      // CPU cores the processes share
+  int batch_rows = 256;               // rows per step and replica
+  std::map<int, LayerCosts> costs;    // by micro-batch count M (micro-batch = batch_rows / M)
+  std::vector<ScheduleKind> kinds;    // empty: every training kind (training_kinds())
+  std::vector<int> stage_counts;      // empty: every divisor of processes
+  std::vector<int> interleaved_chunks{2};
+  bool try_checkpoint = true;         // also each plan with whole-part checkpointing
+  double max_memory_bytes = 0;        // per process; 0: no cap
+  double optimizer_state_factor = 0;  // optimizer bytes per parameter byte (memory.h)
+  LinkModel link;
+  double step_overhead_s = 0;         // per step, outside the pipeline (loss all-reduce, barrier)
+  bool fill_waits = false;            // the engine accumulates weight gradients natively
+  bool defer_weights = true;          // the engine's Linear fast path (defer_weight_gradients)
+  // Data-parallel replicas all-reduce gradients in buckets of this size; the memory model
+  // counts three of them (the flattened bucket and the collective's buffers, as measured).
+  double allreduce_bucket_bytes = 25 << 20;
+};
+
+struct Plan {
+  ScheduleKind kind = ScheduleKind::one_f_one_b;
+  int stages = 1;
+  int replicas = 1;
+  int micro_batches = 1;
+  int chunks = 1;
+  std::vector<int64_t> balance;  // layers per model part (stages x chunks, virtual-stage order)
+  int64_t checkpoint = 0;        // activation_checkpoint_interval (0: off)
+  double step_s = 0;
+  double samples_per_s = 0;
+  double bubble = 0;
+  std::vector<double> peak_memory_bytes;  // per stage
+  double max_peak_memory_bytes() const;
+};
+
+// Predicts one layout (the costs at its micro-batch count must be in options.costs).
+// ScheduleError / ConfigError when the layout cannot be generated.
+Plan evaluate_plan(const PlanSearchOptions& options, ScheduleKind kind, int stages, int micro_batches,
+                   int chunks, int64_t checkpoint);
+
+// Every layout that fits the memory cap, fastest first (ties: less memory first).
+// ConfigError when none fits, naming the cap and the least memory any layout needs.
+std::vector<Plan> search_plans(const PlanSearchOptions& options);
+
+}  // namespace pipetrain::schedule

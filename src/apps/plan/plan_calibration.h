@@ -1,0 +1,27 @@
+// The planner's machine constants: what one local message, one step's fixed work and the
+// engine's compute cost here, measured once on this machine (README "Planner": how) and
+// overridable through the environment for another machine.
+//
+//   PIPETRAIN_PLAN_LATENCY_US   per-message latency between two local ranks (Gloo over loopback)
+//   PIPETRAIN_PLAN_BANDWIDTH_MBS  bytes per second between them, in MB/s
+//   PIPETRAIN_PLAN_SEND_US      time posting one send keeps its sender
+//   PIPETRAIN_PLAN_ALLREDUCE_MBS  a gradient all-reduce's bus bandwidth between replicas, MB/s
+//   PIPETRAIN_PLAN_OVERHEAD_MS  per step, outside the pipeline (loss/norm all-reduce, barrier)
+//   PIPETRAIN_PLAN_COMPUTE_SCALE  engine compute time / profiled compute time
+#pragma once
+
+#include "pipetrain/schedule/plan.h"
+
+namespace pipetrain::apps {
+
+struct Calibration {
+  schedule::LinkModel link;
+  double step_overhead_s = 0;
+  double compute_scale = 1;
+};
+
+// The constants measured here, with any environment override applied (ConfigError for a
+// malformed value).
+Calibration calibration();
+
+}  // namespace pipetrain::apps

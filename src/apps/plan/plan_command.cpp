@@ -1,0 +1,203 @@
+// `pipetrain plan`: profile a model's layers once, search every layout over N processes with
+// the simulator and the memory model (schedule/plan.h), print the best and the runners-up;
+// the last line is the chosen plan as JSON (plan_file.h) for `train --plan` / `bench --plan`.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "apps/bench/bench_subject.h"
+#include "apps/commands.h"
+#include "apps/plan/plan_calibration.h"
+#include "apps/plan/plan_file.h"
+#include "pipetrain/comm/threads.h"
+#include "pipetrain/error.h"
+#include "pipetrain/runtime/gemm.h"
+#include "pipetrain/runtime/layer_profile.h"
+#include "pipetrain/schedule/memory.h"
+#include "pipetrain/schedule/plan.h"
+
+namespace pipetrain::apps {
+namespace {
+
+struct PlanArgs {
+  std::string workload, example;
+  double max_memory_mb = 0;
+  int processes = 0;  // 0: the subject's default stages
+  int cores = 0;      // 0: this machine's
+  int max_micro_batches = 32;
+  int budget_ms = 120;  // timing per micro-batch size
+  int runners_up = 5;
+  bool json_only = false;
+  bool show_profile = false;
+  std::string gemm_kernel = "auto";
+  // Restrict the search (to predict one layout, e.g. for scripts/plan-grid.sh).
+  std::vector<int> stages, micro_batches;
+  std::vector<std::string> schedules;
+};
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+PlanSpec to_spec(const PlanArgs& a, const schedule::Plan& p, int64_t rows) {
+  PlanSpec s;
+  s.workload = a.workload;
+  s.example = a.example;
+  s.processes = p.stages * p.replicas;
+  s.stages = p.stages;
+  s.replicas = p.replicas;
+  s.micro_batches = p.micro_batches;
+  s.micro_batch_size = rows / p.micro_batches;
+  s.schedule = schedule::kind_name(p.kind);
+  s.chunks = p.chunks;
+  s.balance = p.balance;
+  s.checkpoint = p.checkpoint;
+  s.predicted_samples_per_s = p.samples_per_s;
+  s.predicted_step_ms = p.step_s * 1e3;
+  s.predicted_peak_memory_mb = mib(p.max_peak_memory_bytes());
+  for (double b : p.peak_memory_bytes) s.predicted_peak_memory_mb_per_stage.push_back(mib(b));
+  return s;
+}
+
+std::string describe(const schedule::Plan& p) {
+  return fmt::format("{} x {} {}{} M={} ckpt={} balance [{}]", p.stages, p.replicas, schedule::kind_name(p.kind),
+                     p.chunks > 1 ? fmt::format(" V={}", p.chunks) : "", p.micro_batches, p.checkpoint,
+                     fmt::join(p.balance, ","));
+}
+
+int run_plan(const PlanArgs& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const BenchShape shape = bench_shape(a.workload, a.example);
+  const int processes = a.processes > 0 ? a.processes : shape.stages;
+  const int cores = a.cores > 0 ? a.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The ranks will run with cores / processes threads each (the launcher's rule): profile so.
+  const int saved_threads = at::get_num_threads();
+  comm::apply_threads(std::max(1, cores / processes));
+
+  schedule::PlanSearchOptions o;
+  o.processes = processes;
+  o.cores = cores;
+  o.batch_rows = static_cast<int>(shape.rows);
+  o.max_memory_bytes = a.max_memory_mb * (1 << 20);
+  const Calibration cal = calibration();
+  o.link = cal.link;
+  o.step_overhead_s = cal.step_overhead_s;
+  std::string optimizer;
+  o.stage_counts = a.stages;
+  for (const auto& name : a.schedules) o.kinds.push_back(schedule::parse_kind(name));
+  const int max_m = a.micro_batches.empty() ? a.max_micro_batches
+                                            : *std::max_element(a.micro_batches.begin(), a.micro_batches.end());
+  for (int m = 1; m <= max_m && m <= shape.rows; m *= 2) {
+    if (shape.rows % m != 0) continue;
+    if (!a.micro_batches.empty() && std::find(a.micro_batches.begin(), a.micro_batches.end(), m) == a.micro_batches.end())
+      continue;
+    auto subject = bench_subject(a.workload, a.example, m, 0, 1);
+    runtime::LayerProfileOptions po;
+    po.budget = std::chrono::milliseconds(a.budget_ms);
+    po.stage.gemm_kernel = runtime::parse_gemm_kernel(a.gemm_kernel);
+    po.optimizer = subject.config.optimizer.type;
+    optimizer = subject.config.optimizer.type;
+    o.optimizer_state_factor = schedule::optimizer_state_factor(optimizer, subject.config.optimizer.momentum);
+    const auto profile = runtime::profile_layers(subject.module.layers, subject.micro_batches.front().inputs, po);
+    o.fill_waits = profile.accumulates_natively;
+    if (a.show_profile) {
+      std::cout << fmt::format("profile at {} micro-batches of {} rows (ms, MiB):\n  layer  forward  input-grad  weight-grad  "
+                               "optimizer  activation  output  params  state\n",
+                               m, profile.rows);
+      for (size_t i = 0; i < profile.layers.size(); ++i) {
+        const auto& l = profile.layers[i];
+        std::cout << fmt::format("  {:5}  {:7.3f}  {:10.3f}  {:11.3f}  {:9.3f}  {:10.3f}  {:6.3f}  {:6.2f}  {:5.2f}\n", i,
+                                 l.forward_s * 1e3, l.backward_input_s * 1e3, l.backward_weight_s * 1e3,
+                                 l.optimizer_s * 1e3, mib(l.activation_bytes), mib(l.output_bytes), mib(l.param_bytes),
+                                 mib(l.state_bytes));
+      }
+    }
+    schedule::LayerCosts c;
+    for (const auto& l : profile.layers) {
+      c.forward.push_back(l.forward_s * cal.compute_scale);
+      c.backward_input.push_back(l.backward_input_s * cal.compute_scale);
+      c.backward_weight.push_back(l.backward_weight_s * cal.compute_scale);
+      c.optimizer.push_back(l.optimizer_s);
+      c.activation_bytes.push_back(l.activation_bytes);
+      c.output_bytes.push_back(l.output_bytes);
+      c.param_bytes.push_back(l.param_bytes);
+      c.state_bytes.push_back(l.state_bytes);
+      c.weight_bytes.push_back(l.weight_bytes);
+    }
+    c.input_bytes = profile.input_bytes;
+    o.costs[m] = std::move(c);
+  }
+  comm::apply_threads(saved_threads);
+  const auto profiled = std::chrono::steady_clock::now();
+  const auto plans = schedule::search_plans(o);
+  const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double profile_s = std::chrono::duration<double>(profiled - t0).count();
+
+  const PlanSpec best = to_spec(a, plans.front(), shape.rows);
+  if (!a.json_only) {
+    std::cout << fmt::format("{} {}: {} layers, {} rows per step, {} processes on {} cores, optimizer {}{}\n",
+                             a.workload.empty() ? "example" : "workload",
+                             a.workload.empty() ? a.example : a.workload, o.costs.begin()->second.forward.size(),
+                             shape.rows, processes, cores, optimizer,
+                             a.max_memory_mb > 0 ? fmt::format(", memory cap {:.0f} MiB", a.max_memory_mb) : "");
+    std::cout << fmt::format("searched {} layouts that fit in {:.2f} s ({:.2f} s profiling)\n", plans.size(), search_s,
+                             profile_s);
+    std::cout << fmt::format("plan: {}\n  predicted {:.1f} samples/s (step {:.1f} ms, bubble {:.1f}%), peak memory "
+                             "{:.1f} MiB per stage [{}]\n",
+                             describe(plans.front()), best.predicted_samples_per_s, best.predicted_step_ms,
+                             100 * plans.front().bubble, best.predicted_peak_memory_mb,
+                             fmt::join(best.predicted_peak_memory_mb_per_stage, ", "));
+    std::cout << "runners-up:\n";
+    for (size_t i = 1; i < plans.size() && static_cast<int>(i) <= a.runners_up; ++i)
+      std::cout << fmt::format("  {:8.1f} samples/s  {:7.1f} MiB  {}\n", plans[i].samples_per_s,
+                               mib(plans[i].max_peak_memory_bytes()), describe(plans[i]));
+  }
+  auto j = plan_to_json(best);
+  j["search_s"] = search_s;
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "plan",
+      "profile a model's layers once and choose its pipeline: stages, replicas, micro-batches, schedule, "
+      "balance and activation checkpointing under a memory cap, predicted by the simulator; the last line "
+      "is the plan as JSON (for train --plan and bench --plan)");
+  sub->add_option("--workload", args->workload, "a benchmark workload: mlp or mlp-4")
+      ->check(CLI::IsMember({"mlp", "mlp-4"}));
+  sub->add_option("--example", args->example, "or an example model: cnn, gpt or mlp")
+      ->check(CLI::IsMember({"cnn", "gpt", "mlp"}));
+  sub->add_option("--max-memory-mb", args->max_memory_mb, "per-process memory cap in MiB (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--processes", args->processes, "processes to use: stages x replicas (default: the "
+                                                  "workload's or example's stages)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--cores", args->cores, "CPU cores the processes share (default: this machine's)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--max-micro-batches", args->max_micro_batches, "largest micro-batch count tried (powers of 2)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--budget-ms", args->budget_ms, "profiling time per micro-batch size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--gemm-kernel", args->gemm_kernel, "the engine's Linear kernel to profile: auto, native, onednn, blas")
+      ->check(CLI::IsMember({"auto", "native", "onednn", "blas"}))
+      ->capture_default_str();
+  sub->add_option("--stages", args->stages, "only these stage counts")->check(CLI::PositiveNumber);
+  sub->add_option("--micro-batches", args->micro_batches, "only these micro-batch counts")->check(CLI::PositiveNumber);
+  sub->add_option("--schedule", args->schedules, "only these schedule kinds");
+  sub->add_flag("--show-profile", args->show_profile, "print each layer's profiled costs");
+  sub->add_flag("--json", args->json_only, "print only the JSON line");
+  sub->callback([args, &exit_code] {
+    if (args->workload.empty() && args->example.empty()) args->workload = "mlp";
+    exit_code = run_plan(*args);
+  });
+}
+
+}  // namespace pipetrain::apps
