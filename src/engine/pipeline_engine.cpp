@@ -311,6 +311,7 @@ runtime::StageStep PipelineEngine::make_step(const schedule::Schedule& sched,
   for (auto& c : chunks_) s.chunks.push_back(c.get());
   s.channel = &comm_->channel();
   s.rank_of_stage = [this](int st) { return topology_.rank_of(st, replica(), tensor_rank()); };
+  s.tensor_parallel = tp_;
   s.loss = module_.loss;
   s.data = &data;
   s.training = training;

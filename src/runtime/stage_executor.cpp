@@ -1,5 +1,6 @@
 // Interpreting one stage's actions for one step.
 #include "pipetrain/runtime/stage_executor.h"
+#include "pipetrain/runtime/partitioned_transfer.h"
 
 #include <algorithm>
 #include <map>
@@ -111,7 +112,7 @@ class Executor {
       // Queued weight-gradient pieces fill the wait (their result does not depend on when
       // they run); each is short, so the message waits at most one piece.
       if (s_.training && !recvs_[i].ready()) fill_wait(recvs_[i]);
-      return on_stage_device(recvs_[i].wait());
+      return on_stage_device(assemble_received(recvs_[i].wait(), s_.tensor_parallel));
     }
     auto it = local_.find({kind, a.chunk, a.micro_batch});
     if (it == local_.end()) {
@@ -145,11 +146,12 @@ class Executor {
       return;
     }
     const bool act = kind == Op::recv_activation;
-    for (const auto& t : b.tensors()) {
+    const Batch out = partition_for_send(b, s_.tensor_parallel);
+    for (const auto& t : out.tensors()) {
       if (t.defined()) result_.bytes_sent += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
     }
     const auto stream = act ? comm::Stream::activation(a.peer_chunk) : comm::Stream::gradient(a.peer_chunk);
-    s_.channel->isend(s_.rank_of_stage(a.peer_stage), stream, b, what(act ? "activation" : "gradient", a));
+    s_.channel->isend(s_.rank_of_stage(a.peer_stage), stream, out, what(act ? "activation" : "gradient", a));
   }
 
   size_t execute(size_t i) {

@@ -161,6 +161,37 @@ TEST_F(TensorParallelEngine, ACheckpointResumesUnderAnyGrid) {
   }
 }
 
+TEST(TensorParallelTransfer, ActivationsCrossStagesInPartsOfOneTth) {
+  // Stage 0 of 2 sends each activation whole without tensor parallelism; with T ranks each
+  // sends a 1/T part (plus a small header) and the next stage's group assembles it: the same
+  // run, 1/T of the bytes per rank.
+  auto sent_by_rank0 = [](int tensor) {
+    int64_t bytes = 0;
+    double loss = 0;
+    std::mutex mutex;
+    run_pipeline(2 * tensor, grid_config(2, tensor, 4), [] { return tp_model(2); }, [&](PipelineEngine& engine) {
+      int i = 0;
+      FunctionIterator it([&]() -> std::optional<MicroBatch> {
+        if (i >= engine.micro_batches()) return std::nullopt;
+        return mlp_batch(0, 0, i++, 64, 5, 5);
+      });
+      const double l = engine.train_batch(it);
+      std::lock_guard<std::mutex> lock(mutex);
+      if (engine.communicator().rank() == 0) {
+        bytes = engine.last_step().bytes_sent;
+        loss = l;
+      }
+    });
+    return std::make_pair(bytes, loss);
+  };
+  const auto [whole, loss1] = sent_by_rank0(1);
+  const auto [part, loss2] = sent_by_rank0(2);
+  EXPECT_EQ(whole, 4 * 64 * 8 * 4);  // 4 activations of 64 x 8 float32
+  EXPECT_GT(part, whole / 2);
+  EXPECT_LT(part, whole / 2 + 4 * 64);  // + a header of a few int64 per message
+  EXPECT_NEAR(loss1, loss2, 1e-5 * loss1);
+}
+
 TEST(TensorParallelConfig, TheWorldMustFactorAndTheLayersMustSplit) {
   // 3 ranks cannot hold 1 stage x 2 tensor-parallel ranks per replica.
   auto hub = comm::InProcessHub::create(3);

@@ -24,6 +24,7 @@
 #include "pipetrain/batch/batch.h"
 #include "pipetrain/batch/data_iterator.h"
 #include "pipetrain/comm/channel.h"
+#include "pipetrain/runtime/tensor_parallel.h"
 #include "pipetrain/runtime/skip_links.h"
 #include "pipetrain/runtime/stage_model.h"
 #include "pipetrain/schedule/schedule.h"
@@ -47,6 +48,9 @@ struct StageStep {
   // copied to `device` (the stage's) as they are loaded.
   const std::vector<MicroBatch>* data = nullptr;
   torch::Device device = torch::kCPU;
+  // Under tensor parallelism: activations and gradients cross stages in 1/T parts
+  // (runtime/partitioned_transfer.h), assembled by the receiving group.
+  TensorParallelGroup tensor_parallel;
   // fp16 loss scaling: backward starts from loss x loss_scale (the reported loss is unscaled).
   double loss_scale = 1.0;
   bool training = true;
