@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/layer_profile.h"
 #include "profile_sandbox.h"
 
 namespace pipetrain {
@@ -14,29 +15,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// A detached copy whose floating tensors require grad, so a layer's backward stops at its input.
-Batch detached_input(const Batch& batch) {
-  std::vector<torch::Tensor> values;
-  for (const auto& t : batch.tensors()) {
-    auto d = t.detach();
-    if (d.is_floating_point()) d.requires_grad_(true);
-    values.push_back(d);
-  }
-  return batch.with(std::move(values));
-}
-
-// Runs the backward of one layer's floating outputs with all-ones gradients.
-void backward_outputs(const Batch& output) {
-  std::vector<torch::Tensor> outputs, grads;
-  for (const auto& t : output.tensors()) {
-    if (t.requires_grad()) {
-      outputs.push_back(t);
-      grads.push_back(torch::ones_like(t));
-    }
-  }
-  if (!outputs.empty()) torch::autograd::backward(outputs, grads);
 }
 
 // Stashed tensors waiting in the tracker become detached leaves too, so the backward of the
@@ -166,11 +144,11 @@ std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& 
     Batch x = sample;
     for (size_t i = 0; i < layers.size(); ++i) {
       detail::LayerSandbox sandbox(layers[i]);
-      const Batch input = detached_input(x);
+      const Batch input = runtime::detached_input(x);
       detach_stashed(skips);
       const auto t0 = Clock::now();
       Batch y = call_layer(sandbox.layer(), input, static_cast<int64_t>(i));
-      backward_outputs(y);
+      runtime::backward_ones(y);
       if (pass > 0) total[i] += seconds_since(t0);
       x = y;
     }
@@ -198,7 +176,7 @@ std::vector<double> size_costs(const torch::nn::Sequential& model, const Batch& 
       bytes += param_scale * static_cast<double>(p.numel() * p.element_size());
     }
     detach_stashed(skips);
-    Batch y = call_layer(sandbox.layer(), detached_input(x), static_cast<int64_t>(i));
+    Batch y = call_layer(sandbox.layer(), runtime::detached_input(x), static_cast<int64_t>(i));
     for (const auto& t : y.tensors()) bytes += static_cast<double>(t.numel() * t.element_size());
     costs.push_back(bytes);
     x = y;

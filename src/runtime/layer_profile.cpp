@@ -31,28 +31,6 @@ double bytes_of(const Batch& b) {
   return bytes;
 }
 
-// A detached copy whose floating tensors require grad, so a layer's backward stops at its input.
-Batch detached(const Batch& batch) {
-  std::vector<torch::Tensor> values;
-  for (const auto& t : batch.tensors()) {
-    auto d = t.detach();
-    if (d.is_floating_point()) d.requires_grad_(true);
-    values.push_back(d);
-  }
-  return batch.with(std::move(values));
-}
-
-void backward_ones(const Batch& output) {
-  std::vector<torch::Tensor> outputs, grads;
-  for (const auto& t : output.tensors()) {
-    if (t.defined() && t.requires_grad()) {
-      outputs.push_back(t);
-      grads.push_back(torch::ones_like(t));
-    }
-  }
-  if (!outputs.empty()) torch::autograd::backward(outputs, grads);
-}
-
 std::unique_ptr<torch::optim::Optimizer> optimizer_for(const std::vector<torch::Tensor>& params,
                                                        const std::string& name) {
   std::string n;
@@ -131,7 +109,7 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
       {
         AllocationCounter counter;
         {
-          const Batch in = detached(x);
+          const Batch in = detached_input(x);
           Batch y = chunks[i]->forward(in, 0);
           chunks[i]->prepare_backward();
           backward_ones(y);
@@ -163,7 +141,7 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
   for (int64_t pass = 0;; ++pass) {
     Batch x = sample;
     for (size_t i = 0; i < n; ++i) {
-      const Batch in = detached(x);
+      const Batch in = detached_input(x);
       auto t0 = Clock::now();
       Batch y = chunks[i]->forward(in, 0);
       const double tf = seconds_since(t0);
@@ -211,6 +189,27 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
     c.optimizer_s = o[i];
   }
   return profile;
+}
+
+Batch detached_input(const Batch& batch) {
+  std::vector<torch::Tensor> values;
+  for (const auto& t : batch.tensors()) {
+    auto d = t.detach();
+    if (d.is_floating_point()) d.requires_grad_(true);
+    values.push_back(d);
+  }
+  return batch.with(std::move(values));
+}
+
+void backward_ones(const Batch& output) {
+  std::vector<torch::Tensor> outputs, grads;
+  for (const auto& t : output.tensors()) {
+    if (t.defined() && t.requires_grad()) {
+      outputs.push_back(t);
+      grads.push_back(torch::ones_like(t));
+    }
+  }
+  if (!outputs.empty()) torch::autograd::backward(outputs, grads);
 }
 
 }  // namespace pipetrain::runtime

@@ -54,4 +54,10 @@ struct LayerProfileOptions {
 LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sample,
                             const LayerProfileOptions& options = {});
 
+// A detached copy of `batch` whose floating tensors require grad, so a layer's backward stops
+// at its input (the profilers time one layer at a time).
+Batch detached_input(const Batch& batch);
+// Runs the backward of `output`'s tensors that require grad, with all-ones gradients.
+void backward_ones(const Batch& output);
+
 }  // namespace pipetrain::runtime
