@@ -126,6 +126,26 @@ void C10dGroup::broadcast_flat(torch::Tensor& flat, int root_index, const std::s
   copy_back(flat, wire);
 }
 
+void C10dGroup::all_gather_flat(const torch::Tensor& flat, torch::Tensor& out, const std::string& what) {
+  const int64_t bytes = flat.numel() * static_cast<int64_t>(flat.element_size());
+  const std::string detail = bytes_text(bytes) + " from each member";
+  // Nothing is reduced, so any dtype travels as its bytes (Gloo in LibTorch 1.13 gathers no
+  // bfloat16).
+  const bool as_bytes = options_.backend() == Backend::Gloo && !gloo_reduces(flat.scalar_type());
+  torch::Tensor input = wire_tensor(as_bytes ? flat.view(torch::kUInt8) : flat, options_);
+  torch::Tensor gathered = wire_tensor(as_bytes ? out.view({size(), -1}).view(torch::kUInt8) : out, options_);
+  std::vector<at::Tensor> outputs;
+  for (int i = 0; i < size(); ++i) outputs.push_back(gathered.select(0, i));
+  run(what, "all-gather of " + detail, [&] {
+    std::vector<std::vector<at::Tensor>> out_lists{outputs};
+    std::vector<at::Tensor> in_list{input};
+    c10d::AllgatherOptions opts;
+    opts.timeout = options_.timeout();
+    return pg_->allgather(out_lists, in_list, opts);
+  });
+  if (gathered.device() != out.device()) out.copy_(gathered.view_as(out));
+}
+
 void C10dGroup::barrier(const std::string& what) {
   run(what, "barrier", [&] {
     c10d::BarrierOptions opts;

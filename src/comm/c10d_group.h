@@ -27,6 +27,7 @@ class C10dGroup final : public Group {
   int64_t bucket_bytes() const override { return options_.bucket_bytes(); }
   void all_reduce_flat(torch::Tensor& flat, ReduceOp op, const std::string& what) override;
   void broadcast_flat(torch::Tensor& flat, int root_index, const std::string& what) override;
+  void all_gather_flat(const torch::Tensor& flat, torch::Tensor& out, const std::string& what) override;
 
  private:
   OpDesc describe(const std::string& what, const std::string& detail) const;
@@ -53,6 +54,9 @@ class SoloGroup final : public Group {
   int64_t bucket_bytes() const override { return bucket_bytes_; }
   void all_reduce_flat(torch::Tensor&, ReduceOp, const std::string&) override {}
   void broadcast_flat(torch::Tensor&, int, const std::string&) override {}
+  void all_gather_flat(const torch::Tensor& flat, torch::Tensor& out, const std::string&) override {
+    out.select(0, 0).copy_(flat);
+  }
 
  private:
   GroupSpec spec_;

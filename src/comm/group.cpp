@@ -109,6 +109,15 @@ void Group::broadcast(std::vector<torch::Tensor>& tensors, int root, const std::
   for_each_bucket(tensors, true, [&](torch::Tensor& flat) { broadcast_flat(flat, root_index, what); });
 }
 
+torch::Tensor Group::all_gather(const torch::Tensor& part, const std::string& what) {
+  const torch::Tensor flat = part.detach().contiguous().view({-1});
+  auto sizes = part.sizes().vec();
+  sizes.insert(sizes.begin(), size());
+  torch::Tensor out = torch::empty({size(), flat.numel()}, flat.options());
+  if (flat.numel() > 0) all_gather_flat(flat, out, what);
+  return out.view(sizes);
+}
+
 double Group::all_reduce_scalar(double value, ReduceOp op, const std::string& what) {
   torch::Tensor t = torch::full({1}, value, torch::kFloat64);
   all_reduce_flat(t, op == ReduceOp::Avg ? ReduceOp::Sum : op, what);

@@ -36,6 +36,15 @@ class InProcessGroup final : public Group {
     });
   }
 
+  void all_gather_flat(const torch::Tensor& flat, torch::Tensor& out, const std::string& what) override {
+    const std::string sig = "all-gather of " + std::to_string(flat.numel()) + " " + c10::toString(flat.scalar_type());
+    const int64_t index = index_of(rank_);
+    round(what, sig, out, [&](GroupRounds& g, const torch::Tensor&, bool first) {
+      if (first) g.acc = torch::empty_like(out);
+      g.acc.select(0, index).copy_(flat);
+    });
+  }
+
   void broadcast_flat(torch::Tensor& flat, int root_index, const std::string& what) override {
     const bool root = spec_.ranks[static_cast<size_t>(root_index)] == rank_;
     const std::string sig = "broadcast from " + std::to_string(root_index) + " of " +

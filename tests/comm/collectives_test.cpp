@@ -31,6 +31,14 @@ PIPETRAIN_RANK_WORKER(collectives_grid) {
   EXPECT_TRUE(avg[0].allclose(torch::full({3}, 1.5f)));
   EXPECT_DOUBLE_EQ(comm->world().all_reduce_scalar(0.25 * rank, ReduceOp::Sum, "loss"), 1.5);
   EXPECT_DOUBLE_EQ(comm->world().all_reduce_scalar(rank, ReduceOp::Max), 3.0);
+  // All-gather: a non-contiguous part, and bfloat16, which Gloo gathers as bytes.
+  const auto gathered = comm->world().all_gather(torch::arange(6, torch::kFloat).view({2, 3}).t() + 10 * rank);
+  ASSERT_EQ(gathered.sizes(), (std::vector<int64_t>{4, 3, 2}));
+  for (int m = 0; m < 4; ++m) {
+    EXPECT_TRUE(gathered[m].equal(torch::arange(6, torch::kFloat).view({2, 3}).t() + 10 * m)) << m;
+  }
+  const auto halves = comm->world().all_gather(torch::full({5}, 0.5 + rank, torch::kBFloat16), "bf16 gather");
+  EXPECT_TRUE(halves.to(torch::kFloat).equal(torch::arange(4, torch::kFloat).add(0.5).view({4, 1}).expand({4, 5})));
 
   // The grid's groups: rank = stage * 2 + replica.
   const PipeGroups g = build_pipe_groups(*comm, topo, {{"embed", {0, 1}}});

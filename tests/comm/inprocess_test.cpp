@@ -201,6 +201,9 @@ TEST(InProcessGroup, Collectives) {
     EXPECT_TRUE(w.equal(torch::full({3}, 2.0f)));
     EXPECT_DOUBLE_EQ(c.world().all_reduce_scalar(rank + 0.5, ReduceOp::Sum), 8.0);
     EXPECT_DOUBLE_EQ(c.world().all_reduce_scalar(rank, ReduceOp::Min), 0.0);
+    const auto gathered = c.world().all_gather(torch::full({2, 3}, 1.0 * rank).t());
+    ASSERT_EQ(gathered.sizes(), (std::vector<int64_t>{4, 3, 2}));
+    for (int m = 0; m < 4; ++m) EXPECT_TRUE(gathered[m].equal(torch::full({3, 2}, 1.0 * m))) << m;
     c.world().barrier();
   });
 }

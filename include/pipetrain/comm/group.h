@@ -49,6 +49,9 @@ class Group {
   // Reduces one number (in double precision), e.g. a loss or a squared gradient norm.
   double all_reduce_scalar(double value, ReduceOp op = ReduceOp::Sum,
                            const std::string& what = "scalar all-reduce");
+  // Every member's `part` (the same sizes and dtype on every member), stacked in member order:
+  // [size(), part sizes...]. Moves each part once, unlike an all-reduce of a padded buffer.
+  torch::Tensor all_gather(const torch::Tensor& part, const std::string& what = "all-gather");
   // Returns once every member has entered the barrier.
   virtual void barrier(const std::string& what = "barrier") = 0;
 
@@ -58,6 +61,8 @@ class Group {
   virtual void all_reduce_flat(torch::Tensor& flat, ReduceOp op, const std::string& what) = 0;
   // One contiguous tensor, overwritten by member `root_index`'s.
   virtual void broadcast_flat(torch::Tensor& flat, int root_index, const std::string& what) = 0;
+  // `out` (size() x flat.numel(), contiguous, flat's dtype) gets every member's `flat` by index.
+  virtual void all_gather_flat(const torch::Tensor& flat, torch::Tensor& out, const std::string& what) = 0;
 
  private:
   template <typename Fn>
