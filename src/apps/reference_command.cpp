@@ -30,7 +30,7 @@ const char* const kReferenceUsage =
 struct ReferenceArgs {
   std::string example = examples::default_example();
   std::string steps, epochs, micro_batches, micro_batch_size, replicas, config, lr, seed,
-      eval_every, log_every, eval_samples, sample_length, threads, data_dir;
+      eval_every, log_every, eval_samples, sample_length, threads, data_dir, dropout;
 };
 
 // An integer >= minimum, or `fallback` when the option was not given.
@@ -53,6 +53,14 @@ double parse_positive(const std::string& option, const std::string& text) {
   return value;
 }
 
+double parse_probability(const std::string& option, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(value >= 0 && value < 1))
+    throw ConfigError(fmt::format("{} expects a probability in [0, 1), got '{}'", option, text));
+  return value;
+}
+
 void run_reference(const ReferenceArgs& a) {
   if (a.example.empty()) throw ConfigError("--example needs a value: cnn, gpt, mlp or resnet");
   const auto& names = examples::example_names();
@@ -71,6 +79,7 @@ void run_reference(const ReferenceArgs& a) {
       .eval_samples(parse_int("--eval-samples", a.eval_samples, 1))
       .data_dir(a.data_dir);
   if (!a.seed.empty()) options.seed(static_cast<uint64_t>(parse_int("--seed", a.seed, 0)));
+  if (!a.dropout.empty()) options.dropout(parse_probability("--dropout", a.dropout));
   const int64_t steps_arg = parse_int("--steps", a.steps, 1);
   const int64_t epochs = parse_int("--epochs", a.epochs, 1);
   const int64_t eval_every = parse_int("--eval-every", a.eval_every, 1);
@@ -171,6 +180,7 @@ void add_reference_command(CLI::App& app, int& exit_code) {
   opt("--log-every", a->log_every, "K",
       "print the loss every K steps (default: steps_per_print, 10)");
   opt("--eval-samples", a->eval_samples, "N", "evaluate on the first N samples (windows for gpt)");
+  opt("--dropout", a->dropout, "P", "dropout probability (gpt: GPT-2's attention, residual and embedding dropout)");
   opt("--sample-length", a->sample_length, "N",
       "characters of generated text at the end (gpt; 0: none)");
   opt("--threads", a->threads, "T", "intra-op threads (default: LibTorch's)");

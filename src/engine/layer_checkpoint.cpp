@@ -62,25 +62,38 @@ void save_archive(torch::serialize::OutputArchive& archive, const fs::path& path
   file.commit();
 }
 
-// The rank's random stream (PipelineEngine::random_stream: dropout and every other random op of
-// its layers draw from it).
-void save_rng_state(at::Generator gen, const fs::path& path) {
-  torch::Tensor state;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    state = gen.get_state();
-  }
+// The rank's random streams: PipelineEngine::random_stream (dropout and every other random op of
+// its layers draw from it) and, under tensor parallelism, the sharded regions' stream.
+torch::Tensor state_of(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void save_rng_state(const PipelineEngine& engine, const fs::path& path) {
   // torch::save's layout (the tensor under key "0"), so that torch::load reads it back.
   torch::serialize::OutputArchive archive;
-  archive.write("0", state);
+  archive.write("0", state_of(engine.random_stream()));
+  const auto& sharded = engine.tensor_parallel().sharded_rng;
+  if (sharded.defined()) archive.write("sharded", state_of(sharded));
   save_archive(archive, path);
 }
 
-void load_rng_state(at::Generator gen, const fs::path& path) {
-  torch::Tensor state;
-  torch::load(state, path.string());
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+void load_rng_state(const PipelineEngine& engine, const fs::path& path) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path.string());
+  auto restore = [&](const char* key, at::Generator gen) {
+    torch::Tensor state;
+    if (!archive.try_read(key, state)) {
+      throw CheckpointError(fmt::format("{} holds no \"{}\" random stream, which this run of the same layout "
+                                        "draws from; resume from a checkpoint this layout wrote",
+                                        path.string(), key));
+    }
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  };
+  restore("0", engine.random_stream());
+  const auto& sharded = engine.tensor_parallel().sharded_rng;
+  if (sharded.defined()) restore("sharded", sharded);
 }
 
 using detail::optimizer_state_key;
@@ -275,7 +288,7 @@ void restore_rng_if_same_layout(PipelineEngine& engine, const fs::path& dir, con
                     by.value("chunks", -1) == engine.num_chunks();
   if (!same) return;
   const auto& entry = manifest["rng"]["files"].at(std::to_string(engine.communicator().rank()));
-  load_rng_state(engine.random_stream(), verified(dir, entry));
+  load_rng_state(engine, verified(dir, entry));
 }
 
 // Moves the complete, synced files in `partial` to `dir`, keeping the previous checkpoint until
@@ -341,7 +354,7 @@ void save_checkpoint(PipelineEngine& engine, const std::string& dir_name, const 
         }
       }
     }
-    save_rng_state(engine.random_stream(), partial / rng_file(comm.rank()));
+    save_rng_state(engine, partial / rng_file(comm.rank()));
     at_phase("files");
     world.barrier("checkpoint files written");
     if (comm.rank() == 0) {

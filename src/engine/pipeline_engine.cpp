@@ -147,7 +147,10 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   for (const auto& [key, stages] : holders) tied_keys.push_back({key, {stages.begin(), stages.end()}});
   groups_ = comm::build_pipe_groups(*comm_, topology_, tied_keys);
   // Tensor-parallel layers keep the group they are built under (runtime/parallel_layers.h).
-  tp_ = runtime::TensorParallelGroup{groups_.tensor_parallel, coord_.tensor, topology_.tensor()};
+  tp_.group = groups_.tensor_parallel;
+  tp_.rank = coord_.tensor;
+  tp_.size = topology_.tensor();
+  if (tp_.active()) tp_.sharded_rng = runtime::make_sharded_generator(config_.seed, coord_.tensor);
   runtime::TensorParallelScope tp_scope(tp_);
   std::map<std::string, torch::nn::AnyModule> local_tied;
   for (int c = 0; c < layout.num_chunks(); ++c) {

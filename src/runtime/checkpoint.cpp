@@ -5,6 +5,7 @@
 
 #include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/rng.h"
+#include "pipetrain/runtime/tensor_parallel.h"
 
 namespace pipetrain::runtime {
 namespace {
@@ -35,6 +36,7 @@ struct CheckpointState : torch::CustomClassHolder {
   std::function<Tensors(const Tensors&)> fn;
   at::Generator task_generator;  // copy of the thread's task generator at forward, if any
   RngSnapshot default_rng;       // the default generators at forward, when there was none
+  at::Generator sharded_rng;     // copy of the tensor-parallel group's sharded stream at forward
   std::vector<bool> requires_grad;
   AutocastState autocast;  // recomputation runs in the forward's precision, as torch's checkpoint
 };
@@ -53,6 +55,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     std::optional<DefaultGeneratorLease> lease;
     if (!default_generator_covered()) lease.emplace();
     if (has_task_generator()) state->task_generator = clone_generator(current_generator());
+    const auto& sharded = current_tensor_parallel().sharded_rng;
+    if (sharded.defined()) state->sharded_rng = clone_generator(sharded);
     // In a task known to draw nothing there is nothing to replay (and the default generator
     // moves under other threads' leases meanwhile).
     std::optional<RngSnapshot> before;
@@ -93,17 +97,35 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       FlagScope flag(recomputing_, true);
       torch::AutoGradMode grad_on(true);
-      // A fresh copy each time, so a second backward (retain_graph) draws the same again;
-      // the default generators as they were at forward, lent to this thread alone.
+      // A fresh copy each time, so a second backward (retain_graph) draws the same again.
       TaskGeneratorScope task_rng(state->task_generator.defined() ? clone_generator(state->task_generator)
                                                                   : at::Generator());
-      DefaultGeneratorLease lease;
+      // The default CPU generator as it was at forward, lent to this thread as a stream: when a
+      // tensor-parallel collective inside suspends the lease (rng.h), another rank recomputing
+      // meanwhile finds the generator's own state, and each gets its own back at the end.
+      std::optional<DefaultGeneratorLease> lease;
+      if (state->default_rng.cpu.defined()) {
+        lease.emplace(generator_with_state(state->default_rng.cpu));
+      } else {
+        lease.emplace();
+      }
+      // Sharded regions inside draw from a copy of their stream as it was at forward; the
+      // group's own stream stays where the forwards left it.
+      std::optional<TensorParallelScope> sharded_replay;
+      if (state->sharded_rng.defined()) {
+        TensorParallelGroup replay = current_tensor_parallel();
+        replay.sharded_rng = clone_generator(state->sharded_rng);
+        sharded_replay.emplace(std::move(replay));
+      }
       // Backward may run with autocast off (and on another thread for CUDA): the recomputed
       // activations must be the forward's, in its dtype.
       AutocastStateScope autocast(state->autocast);
       NoCastCacheScope no_cache;
-      const RngSnapshot now = RngSnapshot::capture();
-      state->default_rng.restore();
+      // The CUDA generators (the CPU one is the lease's).
+      RngSnapshot now = RngSnapshot::capture();
+      RngSnapshot then = state->default_rng;
+      now.cpu = then.cpu = torch::Tensor();
+      then.restore();
       try {
         outputs = state->fn(inputs);
       } catch (...) {

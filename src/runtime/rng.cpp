@@ -118,6 +118,12 @@ SeededScope::~SeededScope() {
 
 at::Generator make_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
+at::Generator generator_with_state(const torch::Tensor& state) {
+  at::Generator gen = make_generator(0);
+  gen.set_state(state);
+  return gen;
+}
+
 at::Generator current_generator() {
   if (task_generator_.defined()) return task_generator_;
   return at::detail::getDefaultCPUGenerator();

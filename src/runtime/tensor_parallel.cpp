@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -131,6 +132,16 @@ TensorParallelScope::TensorParallelScope(TensorParallelGroup group) : saved_(cur
 
 TensorParallelScope::~TensorParallelScope() { current_group = saved_; }
 
+at::Generator make_sharded_generator(uint64_t seed, int rank) {
+  // Megatron offsets its model-parallel seed by 2718 + rank; splitmix keeps the streams apart.
+  return make_generator(task_seed(seed, 2718, rank));
+}
+
+ShardedRandomScope::ShardedRandomScope() {
+  const auto& rng = current_group.sharded_rng;
+  if (rng.defined()) scope_.emplace(rng);
+}
+
 std::pair<int64_t, int64_t> ShardLayout::range_of(int r, int64_t chunk) const {
   const int64_t chunk_size = full_size / stride;
   const int64_t base = chunk * chunk_size;
@@ -174,21 +185,39 @@ std::optional<ShardLayout> shard_layout(const torch::Tensor& param) {
 
 torch::Tensor gather_shards(const torch::Tensor& part, const ShardLayout& layout, const TensorParallelGroup& group) {
   if (!group.active()) return part;
-  auto sizes = part.sizes().vec();
-  sizes[static_cast<size_t>(layout.dim)] = layout.full_size;
-  auto full = torch::zeros(sizes, part.options().requires_grad(false));
-  int64_t offset = 0;
-  torch::NoGradGuard no_grad;
-  for (int64_t c = 0; c < layout.stride; ++c) {
-    const auto [b, e] = layout.range(c);
-    full.narrow(layout.dim, b, e - b).copy_(part.narrow(layout.dim, offset, e - b));
-    offset += e - b;
+  const int64_t dim = layout.dim;
+  auto length = [&](int r, int64_t c) {
+    const auto [b, e] = layout.range_of(r, c);
+    return e - b;
+  };
+  std::vector<int64_t> slice_length(static_cast<size_t>(layout.size), 0);
+  for (int r = 0; r < layout.size; ++r) {
+    for (int64_t c = 0; c < layout.stride; ++c) slice_length[static_cast<size_t>(r)] += length(r, c);
   }
-  // Every position is written by exactly one rank: the sum is the concatenation.
-  LeaseSuspension let_others_lease;
-  std::vector<torch::Tensor> v{full};
-  group.group->all_reduce(v, comm::ReduceOp::Sum, "tensor-parallel all-gather");
-  return v[0];
+  const int64_t longest = *std::max_element(slice_length.begin(), slice_length.end());
+  torch::NoGradGuard no_grad;
+  // The gather needs equal parts: a rank whose slice is shorter (uneven split) pads it.
+  torch::Tensor padded = part;
+  if (part.size(dim) < longest) {
+    auto sizes = part.sizes().vec();
+    sizes[static_cast<size_t>(dim)] = longest - part.size(dim);
+    padded = torch::cat({part, torch::zeros(sizes, part.options())}, dim);
+  }
+  torch::Tensor slices;
+  {
+    LeaseSuspension let_others_lease;
+    slices = group.group->all_gather(padded, "tensor-parallel all-gather");  // [size, ...]
+  }
+  // Chunk by chunk, every rank's part of it in rank order.
+  std::vector<torch::Tensor> pieces;
+  std::vector<int64_t> offset(static_cast<size_t>(layout.size), 0);
+  for (int64_t c = 0; c < layout.stride; ++c) {
+    for (int r = 0; r < layout.size; ++r) {
+      pieces.push_back(slices[r].narrow(dim, offset[static_cast<size_t>(r)], length(r, c)));
+      offset[static_cast<size_t>(r)] += length(r, c);
+    }
+  }
+  return torch::cat(pieces, dim);
 }
 
 torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, const TensorParallelGroup& group) {

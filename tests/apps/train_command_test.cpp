@@ -300,6 +300,23 @@ TEST_F(TrainCommand, GptOnTwoTensorParallelRanksMatchesTheReference) {
   EXPECT_NE(killed.output.find("rank 1"), std::string::npos) << killed.output;
 }
 
+// GPT-2's dropout under tensor parallelism: --dropout reaches the model (the run leaves the
+// dropout-free reference, and stays near it), and examples without dropout refuse it.
+TEST_F(TrainCommand, GptTrainsWithDropoutOnTwoTensorParallelRanks) {
+  const auto r = cli("train --example gpt --stages 1 --tensor-parallel 2 --steps 3 --dropout 0.1 --eval-samples 64 "
+                     "--sample-length 0 --run-dir " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const double loss = last_line_json(r.output)["final_loss"].get<double>();
+  const auto ref = cli("reference --example gpt --steps 3 --eval-samples 64 --sample-length 0");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const double plain = last_line_json(ref.output)["final_loss"].get<double>();
+  EXPECT_GT(std::abs(loss - plain), 1e-4 * plain) << r.output;
+  EXPECT_LT(std::abs(loss - plain), 0.02 * plain) << r.output;
+  const auto cnn = cli("train --example cnn --dropout 0.1 --steps 1 --run-dir " + (dir_ / "cnn").string());
+  EXPECT_NE(cnn.status, 0);
+  EXPECT_NE(cnn.output.find("example 'cnn' has no dropout setting"), std::string::npos) << cnn.output;
+}
+
 // A DeepSpeed user's config (bf16, ZeRO stage 0, "auto", an ignored DeepSpeed key) is accepted,
 // its one warning is printed once, and the TensorBoard events go where its "tensorboard" says,
 // with DeepSpeed's names and steps.

@@ -12,6 +12,7 @@
 #include "engine/engine_models.h"
 #include "pipetrain/engine/layer_checkpoint.h"
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/dropout.h"
 #include "pipetrain/runtime/parallel_layers.h"
 
 namespace pipetrain::testing {
@@ -20,29 +21,41 @@ namespace {
 namespace fs = std::filesystem;
 namespace nn = torch::nn;
 
-// x + W2 gelu(W1 x + b1) + b2: W1 column-parallel, W2 row-parallel under a tensor-parallel
-// group (the split of a transformer's MLP), the plain layers without one.
+// x + drop(W2 drop'(gelu(W1 x + b1)) + b2): W1 column-parallel, W2 row-parallel under a
+// tensor-parallel group (the split of a transformer's MLP), the plain layers without one. drop'
+// sees only this rank's columns (a sharded region); drop sees the replicated sum.
 struct TpMlpImpl : nn::Module {
-  explicit TpMlpImpl(int64_t width) {
+  TpMlpImpl(int64_t width, double dropout) {
     nn::Linear up(width, 4 * width), down(4 * width, width);
     const auto& tp = runtime::current_tensor_parallel();
     fc = tp.active() ? nn::AnyModule(runtime::ColumnParallelLinear(up, tp)) : nn::AnyModule(up);
     out = tp.active() ? nn::AnyModule(runtime::RowParallelLinear(down, tp)) : nn::AnyModule(down);
     register_module("fc", fc.ptr());
     register_module("out", out.ptr());
+    sharded_drop = register_module("sharded_drop", runtime::Dropout(dropout));
+    drop = register_module("drop", runtime::Dropout(dropout));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return x + out.forward(torch::gelu(fc.forward(x))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::gelu(fc.forward(x));
+    {
+      runtime::ShardedRandomScope sharded;
+      h = sharded_drop(h);
+    }
+    return x + drop(out.forward(h));
+  }
   nn::AnyModule fc, out;
+  runtime::Dropout sharded_drop{nullptr}, drop{nullptr};
 };
 TORCH_MODULE(TpMlp);
 
 // Linear(5, 8), then `blocks` tensor-parallel MLP blocks, then Linear(8, 5): plain layers are
 // replicated across a tensor-parallel group.
-PipelineModule tp_model(int blocks) {
+PipelineModule tp_model(int blocks, double dropout = 0.0) {
   PipelineModule m;
   m.layers.push_back(LayerSpec::of<nn::Linear>("Linear", 5, 8));
   for (int i = 0; i < blocks; ++i) {
-    m.layers.push_back(LayerSpec::make("TpMlp", "TpMlp", [] { return nn::AnyModule(TpMlp(8)); }));
+    m.layers.push_back(
+        LayerSpec::make("TpMlp", "TpMlp", [dropout] { return nn::AnyModule(TpMlp(8, dropout)); }));
   }
   m.layers.push_back(LayerSpec::of<nn::Linear>("Linear", 8, 5));
   m.loss = mse;
@@ -63,16 +76,19 @@ EngineConfig grid_config(int stages, int tensor, int micro_batches, int zero = 0
 struct GridRun {
   std::vector<double> losses;
   std::vector<int64_t> bytes_read;  // micro-batches each rank pulled from its iterator
+  // Each rank's replicated parameters (not tensor-parallel slices) after the run, in order.
+  std::vector<std::vector<torch::Tensor>> replicated;
 };
 
 // Steps [first, first + steps) on `ranks` threads; the global batch of a step is 4 micro-batches
 // whatever the grid. Loads `load` first and saves into `save` at the end when given.
 GridRun run_grid(int ranks, const EngineConfig& config, int steps, int64_t first = 0, const std::string& load = "",
-                 const std::string& save = "") {
+                 const std::string& save = "", double dropout = 0.0) {
   GridRun out;
   out.bytes_read.assign(static_cast<size_t>(ranks), 0);
+  out.replicated.resize(static_cast<size_t>(ranks));
   std::mutex mutex;
-  run_pipeline(ranks, config, [] { return tp_model(3); }, [&](PipelineEngine& engine) {
+  run_pipeline(ranks, config, [dropout] { return tp_model(3, dropout); }, [&](PipelineEngine& engine) {
     if (!load.empty()) EXPECT_EQ(load_checkpoint(engine, load), first);
     std::vector<double> losses;
     int64_t pulled = 0;
@@ -87,8 +103,14 @@ GridRun run_grid(int ranks, const EngineConfig& config, int steps, int64_t first
     }
     if (!save.empty()) save_checkpoint(engine, save);
     std::lock_guard<std::mutex> lock(mutex);
-    out.bytes_read[static_cast<size_t>(engine.communicator().rank())] = pulled;
-    if (engine.communicator().rank() == 0) out.losses = losses;
+    const auto rank = static_cast<size_t>(engine.communicator().rank());
+    out.bytes_read[rank] = pulled;
+    for (const auto& [index, module] : engine.local_layers()) {
+      for (const auto& p : module.ptr()->parameters()) {
+        if (!runtime::shard_layout(p)) out.replicated[rank].push_back(p.detach().clone());
+      }
+    }
+    if (rank == 0) out.losses = losses;
   });
   return out;
 }
@@ -161,6 +183,35 @@ TEST_F(TensorParallelEngine, ACheckpointResumesUnderAnyGrid) {
   }
 }
 
+TEST_F(TensorParallelEngine, ShardedDropoutDrawsPerRankAndIsReplayed) {
+  // 2 stages x 2 tensor-parallel ranks, dropout 0.3 in a sharded and in a replicated region.
+  const auto config = grid_config(2, 2, 4);
+  const GridRun run = run_grid(4, config, 3, 0, "", "", 0.3);
+  const GridRun without = run_grid(4, config, 3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_GT(std::abs(run.losses[i] - without.losses[i]), 1e-4) << "step " << i;
+  // The replicated parameters stay equal on the two ranks of each group: both drew the same
+  // replicated masks, whatever each drew in its sharded region.
+  for (size_t group : {0u, 2u}) {
+    ASSERT_EQ(run.replicated[group].size(), run.replicated[group + 1].size());
+    ASSERT_FALSE(run.replicated[group].empty());
+    for (size_t k = 0; k < run.replicated[group].size(); ++k) {
+      EXPECT_TRUE(run.replicated[group][k].equal(run.replicated[group + 1][k])) << "rank " << group << " param " << k;
+    }
+  }
+  // Activation checkpoints recompute each block from the sharded stream as it was at forward.
+  auto checkpointed = config;
+  checkpointed.pipeline.activation_checkpoint_interval = 1;
+  const GridRun recomputed = run_grid(4, checkpointed, 3, 0, "", "", 0.3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(recomputed.losses[i], run.losses[i], 1e-6 * run.losses[i]) << i;
+  // A checkpoint carries both streams: a resume under the same grid draws what the run would.
+  // (After the recomputing run: its tensor-parallel collectives, which suspend the leases of the
+  // default generator mid-recomputation, must have left the process's generator as it was.)
+  const auto ckpt = (dir_ / "ckpt").string();
+  run_grid(4, config, 2, 0, "", ckpt, 0.3);
+  const GridRun tail = run_grid(4, config, 1, 2, ckpt, "", 0.3);
+  EXPECT_NEAR(tail.losses[0], run.losses[2], 1e-6 * run.losses[2]);
+}
+
 TEST(TensorParallelTransfer, ActivationsCrossStagesInPartsOfOneTth) {
   // Stage 0 of 2 sends each activation whole without tensor parallelism; with T ranks each
   // sends a 1/T part (plus a small header) and the next stage's group assembles it: the same
@@ -205,7 +256,7 @@ TEST(TensorParallelConfig, TheWorldMustFactorAndTheLayersMustSplit) {
         << e.what();
   }
   // A Linear of 8 outputs cannot give 16 ranks a row each (refused before any communication).
-  EXPECT_THROW(runtime::ColumnParallelLinear(nn::Linear(4, 8), runtime::TensorParallelGroup{nullptr, 0, 16}),
+  EXPECT_THROW(runtime::ColumnParallelLinear(nn::Linear(4, 8), runtime::TensorParallelGroup{nullptr, 0, 16, {}}),
                ConfigError);
 }
 

@@ -183,6 +183,9 @@ class LearnedLease {
   int exceptions_;
 };
 
+// A new CPU generator in the state `state` (a get_state() of one).
+at::Generator generator_with_state(const torch::Tensor& state);
+
 // A copy of a generator's state as a new generator (locks the source while copying).
 at::Generator clone_generator(const at::Generator& generator);
 

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "pipetrain/comm/group.h"
+#include "pipetrain/runtime/rng.h"
 
 namespace pipetrain::runtime {
 
@@ -23,7 +24,32 @@ struct TensorParallelGroup {
   std::shared_ptr<comm::Group> group;  // null when size == 1
   int rank = 0;
   int size = 1;
+  // The stream of sharded regions (ShardedRandomScope): this rank's own, so that the ranks
+  // holding different attention heads drop different probabilities (Megatron's model-parallel
+  // RNG). Undefined for a group of 1, where every region is the whole and draws as one process.
+  at::Generator sharded_rng;
   bool active() const { return size > 1; }
+};
+
+// The sharded-region stream of tensor-parallel rank `rank` when the run's seed is `seed` (the
+// same on every rank): a different stream per rank, never the replicated one.
+at::Generator make_sharded_generator(uint64_t seed, int rank);
+
+// Random ops inside the scope that draw through current_generator() (runtime::Dropout) draw
+// from the current group's sharded stream, installed as the thread's task generator: use it
+// around what only this rank's slice sees (attention probabilities of its heads, a
+// column-parallel activation). Outside it every rank of the group draws the same (replicated
+// activations must stay equal). Ops that draw from the default generator directly
+// (torch::dropout) draw the replicated stream even inside. No-op without a sharded stream.
+// Activation checkpoints (runtime/checkpoint.h) replay the sharded stream on recomputation.
+class ShardedRandomScope {
+ public:
+  ShardedRandomScope();
+  ShardedRandomScope(const ShardedRandomScope&) = delete;
+  ShardedRandomScope& operator=(const ShardedRandomScope&) = delete;
+
+ private:
+  std::optional<TaskGeneratorScope> scope_;
 };
 
 // The group of this thread (set by the innermost TensorParallelScope), size 1 outside any.

@@ -49,6 +49,10 @@ EngineConfig Example::engine_config() const {
 Example make_example(const std::string& name, const ExampleOptions& options) {
   if (options.replicas() < 1)
     throw ConfigError(fmt::format("replicas must be >= 1, got {}", options.replicas()));
+  if (options.dropout() < 0.0 || options.dropout() >= 1.0)
+    throw ConfigError(fmt::format("dropout must be in [0, 1), got {}", options.dropout()));
+  if (options.dropout() > 0.0 && name != "gpt")
+    throw ConfigError(fmt::format("example '{}' has no dropout setting; --dropout applies to gpt", name));
   if (name == "cnn") return detail::make_cnn(options);
   if (name == "gpt") return detail::make_gpt(options);
   if (name == "mlp") return detail::make_mlp(options);

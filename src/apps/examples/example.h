@@ -39,6 +39,7 @@ struct ExampleOptions {
   TORCH_ARG(int64_t, eval_samples) = 0;   // evaluate on the first N samples only (tests)
   TORCH_ARG(uint64_t, seed) = 1234;       // data order (and the engine config's seed)
   TORCH_ARG(std::string, data_dir) = "";  // the data set's directory ("": the package's)
+  TORCH_ARG(double, dropout) = 0.0;       // GPT-2's dropout probability (gpt only)
 };
 
 // An evaluation metric accumulated over micro-batches (and replicas): value = sum / count.

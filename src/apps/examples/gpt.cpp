@@ -33,7 +33,7 @@ std::vector<LayerSpec> gpt_layers(const GptConfig& c) {
       kEmbedKey, fmt::format("Embedding({}, {})", c.vocab, c.width), "Embedding", embedding));
   layers.push_back(LayerSpec::make(
       fmt::format("PositionEmbedding({}, {})", c.context, c.width), "PositionEmbedding",
-      [c] { return nn::AnyModule(PositionEmbedding(c.context, c.width, c.init_std)); }));
+      [c] { return nn::AnyModule(PositionEmbedding(c.context, c.width, c.init_std, c.dropout)); }));
   for (int64_t i = 0; i < c.blocks; ++i)
     layers.push_back(LayerSpec::make(fmt::format("GptBlock({}, heads={})", c.width, c.heads),
                                      "GptBlock", [c] { return nn::AnyModule(GptBlock(c)); }));
@@ -55,6 +55,7 @@ Example make_gpt(const ExampleOptions& options) {
       data::make_char_corpus(data::read_fortunes(options.data_dir())));
   GptConfig config;
   config.vocab = corpus->vocab.size();
+  config.dropout = options.dropout();
 
   Example ex;
   ex.name = "gpt";

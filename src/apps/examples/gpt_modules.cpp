@@ -38,8 +38,9 @@ nn::AnyModule row_parallel(nn::Linear full) {
 
 }  // namespace
 
-PositionEmbeddingImpl::PositionEmbeddingImpl(int64_t context, int64_t width, double init_std) {
+PositionEmbeddingImpl::PositionEmbeddingImpl(int64_t context, int64_t width, double init_std, double dropout) {
   weight = register_parameter("weight", torch::randn({context, width}) * init_std);
+  drop = register_module("drop", runtime::Dropout(dropout));
 }
 
 torch::Tensor PositionEmbeddingImpl::forward(const torch::Tensor& x) {
@@ -49,7 +50,7 @@ torch::Tensor PositionEmbeddingImpl::forward(const torch::Tensor& x) {
         fmt::format("a sequence of {} tokens is longer than the model's context of "
                     "{}; crop inputs to the last {} tokens",
                     t, weight.size(0), weight.size(0)));
-  return x + weight.slice(0, 0, t);
+  return drop(x + weight.slice(0, 0, t));
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : heads(c.heads) {
@@ -66,6 +67,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c) : heads(c.h
   // Residual projections scaled by 1/sqrt(2 x blocks), as GPT-2 does.
   proj = row_parallel(make_linear(c.width, c.width, c.init_std / std::sqrt(2.0 * c.blocks)));
   register_module("proj", proj.ptr());
+  attn_drop = register_module("attn_drop", runtime::Dropout(c.dropout));
+  resid_drop = register_module("resid_drop", runtime::Dropout(c.dropout));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -80,8 +83,16 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   const auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  auto y = torch::matmul(torch::softmax(scores, -1), v);  // [B, heads', T, hd]
-  return proj.forward(y.transpose(1, 2).reshape({B, T, local}));
+  auto probs = torch::softmax(scores, -1);
+  {
+    // Only this rank's heads: their masks come from its own stream (Megatron's model-parallel
+    // RNG), where a single process would draw the heads' masks one after another.
+    runtime::ShardedRandomScope sharded;
+    probs = attn_drop(probs);
+  }
+  auto y = torch::matmul(probs, v);  // [B, heads', T, hd]
+  // After the row-parallel reduction the activation is replicated: the same mask on every rank.
+  return resid_drop(proj.forward(y.transpose(1, 2).reshape({B, T, local})));
 }
 
 GptBlockImpl::GptBlockImpl(const GptConfig& c) {
@@ -92,11 +103,12 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) {
   register_module("fc", fc.ptr());
   fc_out = row_parallel(make_linear(4 * c.width, c.width, c.init_std / std::sqrt(2.0 * c.blocks)));
   register_module("fc_out", fc_out.ptr());
+  resid_drop = register_module("resid_drop", runtime::Dropout(c.dropout));
 }
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& x) {
   auto h = x + attn(ln1(x));
-  return h + fc_out.forward(torch::gelu(fc.forward(ln2(h))));
+  return h + resid_drop(fc_out.forward(torch::gelu(fc.forward(ln2(h)))));
 }
 
 nn::AnyModule make_token_embedding(const GptConfig& c) {

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "pipetrain/runtime/dropout.h"
+
 namespace pipetrain::examples {
 
 struct GptConfig {
@@ -12,14 +14,18 @@ struct GptConfig {
   int64_t heads = 4;
   int64_t blocks = 4;
   double init_std = 0.02;  // GPT-2's initialisation
+  // GPT-2's dropout (attention probabilities, residual branches, embeddings); 0: none. Under
+  // tensor parallelism the attention dropout is sharded (each rank's heads draw their own).
+  double dropout = 0.0;
 };
 
 // Adds a learned embedding of positions 0..T-1 to [B, T, d] token embeddings.
 class PositionEmbeddingImpl : public torch::nn::Module {
  public:
-  PositionEmbeddingImpl(int64_t context, int64_t width, double init_std);
+  PositionEmbeddingImpl(int64_t context, int64_t width, double init_std, double dropout = 0.0);
   torch::Tensor forward(const torch::Tensor& x);  // BatchError when T > context
   torch::Tensor weight;                           // [context, width]
+  runtime::Dropout drop{nullptr};                 // of the sum
 };
 TORCH_MODULE(PositionEmbedding);
 
@@ -33,6 +39,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, d] -> [B, T, d]
   // nn::Linear, or its column-/row-parallel slice under a tensor-parallel group.
   torch::nn::AnyModule qkv, proj;
+  runtime::Dropout attn_drop{nullptr}, resid_drop{nullptr};
   int64_t heads;  // on this rank
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -46,6 +53,7 @@ class GptBlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::AnyModule fc, fc_out;
+  runtime::Dropout resid_drop{nullptr};
 };
 TORCH_MODULE(GptBlock);
 

@@ -28,6 +28,7 @@ std::vector<std::string> TrainArgs::worker_arguments() const {
   add("--plan", plan, !plan.empty());
   add("--eval-every", eval_every, eval_every > 0);
   add("--eval-samples", eval_samples, eval_samples > 0);
+  add("--dropout", dropout, dropout > 0);
   add("--log-every", log_every, log_every > 0);
   add("--checkpoint-every", checkpoint_every, checkpoint_every > 0);
   if (resume) a.push_back("--resume");
@@ -95,6 +96,10 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--eval-every", args->eval_every, "evaluate every K steps as well as at the end");
   sub.add_option("--eval-samples", args->eval_samples, "evaluate on the first N samples only");
+  sub.add_option("--dropout", args->dropout,
+                 "dropout probability (gpt: GPT-2's attention, residual and embedding dropout; the "
+                 "attention's is drawn per tensor-parallel rank)")
+      ->check(CLI::Range(0.0, 0.999));
   sub.add_option("--log-every", args->log_every, "steps between progress lines when not on a terminal");
   sub.add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per process (0: cores / processes)");
   sub.add_option("--time-limit", args->time_limit, "stop every process after this many seconds (0: none)");

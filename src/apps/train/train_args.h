@@ -30,6 +30,7 @@ struct TrainArgs {
   int max_restarts = 0;          // restart the ranks after a failure, resuming from the checkpoint
   int64_t eval_every = 0;
   int64_t eval_samples = 0;  // 0: the whole evaluation set
+  double dropout = 0;        // GPT-2's dropout (gpt)
   int64_t log_every = 0;     // 0: about 20 lines per run
   int threads_per_rank = 0;
   double time_limit = 0;

@@ -121,6 +121,7 @@ examples::Example make_train_example(const TrainArgs& args) {
   if (args.micro_batches > 0) options.micro_batches(args.micro_batches);
   if (args.micro_batch_size > 0) options.micro_batch_size(args.micro_batch_size);
   if (args.eval_samples > 0) options.eval_samples(args.eval_samples);
+  options.dropout(args.dropout);
   return examples::make_example(args.example, options);
 }
 
