@@ -56,12 +56,7 @@ SchedulerConfig read_scheduler(ObjectReader& reader) {
     s.warmup_num_steps = params.integer("warmup_num_steps", s.warmup_num_steps, 0);
     s.total_num_steps = params.integer("total_num_steps", s.total_num_steps, 0);
     total_is_auto = params.is_auto("total_num_steps");
-    // DeepSpeed warms up logarithmically by default; pipetrain's warm-up is linear.
-    const auto warmup_type = params.string("warmup_type", "linear");
-    if (warmup_type != "linear") {
-      params.warn("\"scheduler.params.warmup_type\" is \"" + warmup_type +
-                  "\", which pipetrain does not implement; the warm-up is linear");
-    }
+    s.warmup_type = params.string("warmup_type", s.warmup_type, {"log", "linear"});
     params.finish();
   }
   if (s.type == "WarmupDecayLR" && s.total_num_steps <= s.warmup_num_steps) {
@@ -206,14 +201,17 @@ void EngineConfig::set_precision(const std::string& p) {
 
 double SchedulerConfig::lr_at(int64_t step, double base_lr) const {
   if (type.empty()) return base_lr;
-  const double warm = warmup_num_steps > 0 ? std::min(1.0, static_cast<double>(step) / warmup_num_steps) : 1.0;
-  const double lr = warmup_min_lr + (warmup_max_lr - warmup_min_lr) * warm;
-  if (type == "WarmupDecayLR" && step >= warmup_num_steps) {
-    const double left = static_cast<double>(total_num_steps - step) /
-                        static_cast<double>(total_num_steps - warmup_num_steps);
-    return warmup_max_lr * std::max(0.0, left);
+  // DeepSpeed's WarmupLR / WarmupDecayLR: min_lr + (max_lr - min_lr) x gamma.
+  const int64_t warmup = std::max<int64_t>(2, warmup_num_steps);
+  double gamma = 1.0;
+  if (step < warmup) {
+    gamma = warmup_type == "linear" ? static_cast<double>(step) / static_cast<double>(warmup)
+                                    : std::log(static_cast<double>(step) + 1.0) / std::log(static_cast<double>(warmup));
+  } else if (type == "WarmupDecayLR") {
+    gamma = std::max(0.0, static_cast<double>(total_num_steps - step) /
+                              static_cast<double>(std::max<int64_t>(1, total_num_steps - warmup)));
   }
-  return lr;
+  return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma;
 }
 
 void EngineConfig::resolve_batch_sizes(int64_t replicas) {
@@ -366,7 +364,8 @@ std::string EngineConfig::to_json_text() const {
                       {"params", {{"warmup_min_lr", scheduler.warmup_min_lr},
                                   {"warmup_max_lr", scheduler.warmup_max_lr},
                                   {"warmup_num_steps", scheduler.warmup_num_steps},
-                                  {"total_num_steps", scheduler.total_num_steps}}}};
+                                  {"total_num_steps", scheduler.total_num_steps},
+                                  {"warmup_type", scheduler.warmup_type}}}};
   }
   json p = {{"stages", pipeline.stages},
             {"activation_checkpoint_interval", pipeline.activation_checkpoint_interval},

@@ -63,7 +63,6 @@ inline const std::vector<std::string> kOptimizerParams{
     "foreach", "freeze_step", "fused", "initial_accumulator_value", "lr_decay", "max_coeff",
     "max_grad_norm", "maximize", "min_coeff", "set_grad_none", "torch_adam"};
 
-// "warmup_type" is read apart: "linear" is what pipetrain does.
 inline const std::vector<std::string> kSchedulerParams{"last_batch_iteration"};
 
 // DeepSpeed's own pipeline keys (its "stages" and "activation_checkpoint_interval" are ours too).

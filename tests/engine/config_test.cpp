@@ -109,13 +109,30 @@ TEST(EngineConfig, WarmupSchedules) {
   s.warmup_min_lr = 0.0;
   s.warmup_max_lr = 1.0;
   s.warmup_num_steps = 10;
+  // DeepSpeed's default warm-up is logarithmic: log(step + 1) / log(10).
+  EXPECT_EQ(s.warmup_type, "log");
+  EXPECT_DOUBLE_EQ(s.lr_at(0, 0.1), 0.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(5, 0.1), std::log(6.0) / std::log(10.0));
+  EXPECT_DOUBLE_EQ(s.lr_at(9, 0.1), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(50, 0.1), 1.0);
+  s.warmup_type = "linear";
   EXPECT_DOUBLE_EQ(s.lr_at(0, 0.1), 0.0);
   EXPECT_DOUBLE_EQ(s.lr_at(5, 0.1), 0.5);
   EXPECT_DOUBLE_EQ(s.lr_at(50, 0.1), 1.0);
+  // A warm-up of 1 step counts as 2 (DeepSpeed's floor, which keeps log(n) > 0).
+  s.warmup_num_steps = 1;
+  EXPECT_DOUBLE_EQ(s.lr_at(1, 0.1), 0.5);
+  s.warmup_num_steps = 10;
   s.type = "WarmupDecayLR";
   s.total_num_steps = 20;
   EXPECT_DOUBLE_EQ(s.lr_at(15, 0.1), 0.5);
   EXPECT_DOUBLE_EQ(s.lr_at(25, 0.1), 0.0);
+  // The decay ends at warmup_min_lr, not at 0.
+  s.warmup_min_lr = 0.2;
+  EXPECT_DOUBLE_EQ(s.lr_at(15, 0.1), 0.6);
+  EXPECT_DOUBLE_EQ(s.lr_at(25, 0.1), 0.2);
+  EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})").find("warmup_type"),
+            std::string::npos);
   EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})")
                 .find("total_num_steps"),
             std::string::npos);

@@ -54,7 +54,10 @@ struct SchedulerConfig {
   double warmup_min_lr = 0.0;
   double warmup_max_lr = 0.001;
   int64_t warmup_num_steps = 1000;
-  int64_t total_num_steps = 0;  // WarmupDecayLR: linear decay to 0 at this step
+  int64_t total_num_steps = 0;  // WarmupDecayLR: linear decay to warmup_min_lr at this step
+  // DeepSpeed's: "log" (its default, lr rises as log(step + 1) / log(warmup_num_steps)) or
+  // "linear"; warm-ups shorter than 2 steps count as 2, as there.
+  std::string warmup_type = "log";
   // The learning rate for a step (0-based) under this schedule; `base_lr` when type is "".
   double lr_at(int64_t step, double base_lr) const;
 };

@@ -74,6 +74,7 @@ Example make_gpt(const ExampleOptions& options) {
   ex.defaults.scheduler.warmup_min_lr = ex.defaults.optimizer.lr / 10;
   ex.defaults.scheduler.warmup_max_lr = ex.defaults.optimizer.lr;
   ex.defaults.scheduler.warmup_num_steps = 50;
+  ex.defaults.scheduler.warmup_type = "linear";
   ex.defaults.gradient_clipping = 1.0;
   ex.defaults.micro_batch_size = 16;
   ex.defaults.micro_batches = 4;
