@@ -37,6 +37,10 @@ OptimizerConfig read_optimizer(ObjectReader& reader) {
       const auto betas = params.numbers("betas", 2);
       opt.betas = {betas[0], betas[1]};
     }
+    // DeepSpeed's "Adam" decouples the weight decay (AdamW) unless adam_w_mode is false; without
+    // weight decay the two are the same.
+    const bool adam_w_mode = params.boolean("adam_w_mode", true);
+    if (opt.type == "Adam" && adam_w_mode && opt.weight_decay > 0) opt.type = "AdamW";
     params.finish();
   }
   reader.ignore(deepspeed::kOptimizer).finish();

@@ -58,7 +58,7 @@ inline const std::vector<std::string> kOptimizer{"legacy_fusion"};
 
 // DeepSpeed's own optimizer switches and torch.optim arguments pipetrain's optimizers lack.
 inline const std::vector<std::string> kOptimizerParams{
-    "adam_w_mode", "amsgrad", "bias_correction", "capturable", "centered", "comm_backend_name",
+    "amsgrad", "bias_correction", "capturable", "centered", "comm_backend_name",
     "cuda_aware", "dampening", "differentiable", "factor_max", "factor_min", "factor_threshold",
     "foreach", "freeze_step", "fused", "initial_accumulator_value", "lr_decay", "max_coeff",
     "max_grad_norm", "maximize", "min_coeff", "set_grad_none", "torch_adam"};

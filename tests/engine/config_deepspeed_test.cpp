@@ -64,7 +64,7 @@ TEST(DeepSpeedConfig, CifarExampleWithZeroStage0AndFp16) {
                           "overlap_comm": true, "contiguous_gradients": true, "cpu_offload": false}})");
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.steps_per_print, 2000);
-  EXPECT_EQ(c.optimizer.type, "Adam");
+  EXPECT_EQ(c.optimizer.type, "AdamW");  // DeepSpeed runs it as FusedAdam(adam_w_mode=True)
   EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.8);
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 3e-7);
   EXPECT_EQ(c.scheduler.type, "WarmupLR");
@@ -257,7 +257,7 @@ TEST(DeepSpeedConfig, KnownButUnimplementedKeysInsideBlocksWarn) {
     "fp16": {"enabled": false, "auto_cast": false},
     "bf16": {"enabled": false, "immediate_grad_update": false}})");
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-4);
-  expect_ignored_exactly(c, {"optimizer.legacy_fusion", "optimizer.params.torch_adam", "optimizer.params.adam_w_mode",
+  expect_ignored_exactly(c, {"optimizer.legacy_fusion", "optimizer.params.torch_adam",
                              "optimizer.params.bias_correction", "scheduler.params.last_batch_iteration",
                              "fp16.auto_cast", "bf16.immediate_grad_update"});
   ASSERT_EQ(c.warnings.size(), 1u);
@@ -265,6 +265,16 @@ TEST(DeepSpeedConfig, KnownButUnimplementedKeysInsideBlocksWarn) {
   EXPECT_EQ(c.scheduler.warmup_type, "log");
   EXPECT_EQ(parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linear"}}})").scheduler.warmup_type,
             "linear");
+}
+
+TEST(DeepSpeedConfig, AdamWithWeightDecayIsAdamWUnlessAdamWModeIsOff) {
+  auto type_of = [](const std::string& params) {
+    return parse(R"({"optimizer": {"type": "Adam", "params": )" + params + "}}").optimizer.type;
+  };
+  EXPECT_EQ(type_of(R"({"lr": 1e-3, "weight_decay": 0.01})"), "AdamW");  // DeepSpeed's default
+  EXPECT_EQ(type_of(R"({"lr": 1e-3, "weight_decay": 0.01, "adam_w_mode": true})"), "AdamW");
+  EXPECT_EQ(type_of(R"({"lr": 1e-3, "weight_decay": 0.01, "adam_w_mode": false})"), "Adam");
+  EXPECT_EQ(type_of(R"({"lr": 1e-3})"), "Adam");  // no decay: the same update either way
 }
 
 TEST(DeepSpeedConfig, Bfloat16IsTheOlderNameOfBf16) {
