@@ -129,6 +129,11 @@ TEST(PlanCommand, PlanThenBenchThePlan) {
   for (const auto& b : plan["balance"]) layers += b.get<int64_t>();
   EXPECT_EQ(layers, 32);
   EXPECT_LT(plan["search_s"].get<double>(), 10.0);
+  // Without the other rank's work running beside the profile: a plan of the same form.
+  const auto alone = testing::run({"plan", "--workload", "mlp", "--json", "--budget-ms", "10", "--max-micro-batches",
+                                   "8", "--profile-alone"});
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  EXPECT_GT(json::parse(testing::last_line(alone.out))["predicted_samples_per_s"].get<double>(), 0);
 
   const auto file = write_temp("plan-out", r.out);
   const fs::path log = fs::temp_directory_path() / ("pipetrain-plan-bench-" + std::to_string(::getpid()) + ".log");

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <optional>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -33,6 +36,7 @@ struct PlanArgs {
   int runners_up = 5;
   bool json_only = false;
   bool show_profile = false;
+  bool profile_alone = false;
   std::string gemm_kernel = "auto";
   // Restrict the search (to predict one layout, e.g. for scripts/plan-grid.sh).
   std::vector<int> stages, micro_batches;
@@ -40,6 +44,34 @@ struct PlanArgs {
 };
 
 double mib(double bytes) { return bytes / (1 << 20); }
+
+// The run's other ranks, computing beside the profile on the other cores: in the run they share
+// the memory bandwidth and caches with every rank, and what else loads the machine now loads
+// it then too, so the layers are timed as they will run.
+class BusyRanks {
+ public:
+  BusyRanks(int count, const std::function<void()>& work) {
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, work] {
+        try {
+          while (!stop_.load()) work();
+        } catch (const std::exception&) {
+          // the profile itself runs the same work and reports its error
+        }
+      });
+    }
+  }
+  ~BusyRanks() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  BusyRanks(const BusyRanks&) = delete;
+  BusyRanks& operator=(const BusyRanks&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
 
 PlanSpec to_spec(const PlanArgs& a, const schedule::Plan& p, int64_t rows) {
   PlanSpec s;
@@ -100,7 +132,16 @@ int run_plan(const PlanArgs& a) {
     po.optimizer = subject.config.optimizer.type;
     optimizer = subject.config.optimizer.type;
     o.optimizer_state_factor = schedule::optimizer_state_factor(optimizer, subject.config.optimizer.momentum);
+    std::optional<BusyRanks> others;
+    if (!a.profile_alone) {
+      runtime::LayerProfileOptions busy = po;
+      busy.budget = std::chrono::milliseconds(100);
+      others.emplace(std::min(processes, cores) - 1, [&subject, busy] {
+        runtime::profile_layers(subject.module.layers, subject.micro_batches.front().inputs, busy);
+      });
+    }
     const auto profile = runtime::profile_layers(subject.module.layers, subject.micro_batches.front().inputs, po);
+    others.reset();
     o.fill_waits = profile.accumulates_natively;
     if (a.show_profile) {
       std::cout << fmt::format("profile at {} micro-batches of {} rows (ms, MiB):\n  layer  forward  input-grad  weight-grad  "
@@ -193,6 +234,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--micro-batches", args->micro_batches, "only these micro-batch counts")->check(CLI::PositiveNumber);
   sub->add_option("--schedule", args->schedules, "only these schedule kinds");
   sub->add_flag("--show-profile", args->show_profile, "print each layer's profiled costs");
+  sub->add_flag("--profile-alone", args->profile_alone,
+                "profile without the other ranks' work running beside (by default min(processes, cores) - 1 "
+                "threads compute the same layers meanwhile, as the run's other ranks will)");
   sub->add_flag("--json", args->json_only, "print only the JSON line");
   sub->callback([args, &exit_code] {
     if (args->workload.empty() && args->example.empty()) args->workload = "mlp";
