@@ -83,15 +83,16 @@ void load_rng_state(const PipelineEngine& engine, const fs::path& path) {
   archive.load_from(path.string());
   auto restore = [&](const char* key, at::Generator gen) {
     torch::Tensor state;
-    if (!archive.try_read(key, state)) {
-      throw CheckpointError(fmt::format("{} holds no \"{}\" random stream, which this run of the same layout "
-                                        "draws from; resume from a checkpoint this layout wrote",
-                                        path.string(), key));
-    }
+    if (!archive.try_read(key, state)) return false;
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(state);
+    return true;
   };
-  restore("0", engine.random_stream());
+  if (!restore("0", engine.random_stream())) {
+    throw CheckpointError(path.string() + " holds no random stream; the checkpoint is damaged, resume from another");
+  }
+  // Written before sharded streams existed (its run drew sharded regions from the replicated
+  // stream): the run continues with a fresh sharded stream.
   const auto& sharded = engine.tensor_parallel().sharded_rng;
   if (sharded.defined()) restore("sharded", sharded);
 }

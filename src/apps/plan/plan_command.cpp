@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
-#include <optional>
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "apps/bench/bench_subject.h"
