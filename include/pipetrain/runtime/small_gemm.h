@@ -11,21 +11,45 @@
 //   weight grad  dW += dy^T x    dy read in place, x packed once per micro-batch, micro-batch
 //                                after micro-batch into an accumulator that can stop and
 //                                resume anywhere (below)
-// They use AVX-512 (chosen at run time); elsewhere native_gemm_available() is false and the
-// engine takes oneDNN or BLAS instead.
+// They come in two instruction sets, chosen at run time: AVX-512F, else AVX2 with FMA (the
+// same tiles at half the width, so every CPU since Haswell / Zen 1 has them; the results are
+// the same bits, each element being the same chain of fused multiply-adds). Without either,
+// native_gemm_available() is false and the engine takes oneDNN or BLAS instead.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace pipetrain::runtime {
 
-// True where this CPU has AVX-512F (the kernels' instruction set) and they are not disabled.
+// The kernels' instruction sets, in order: each CPU can run those up to its best.
+enum class GemmIsa { None, Avx2, Avx512 };
+
+// The best this CPU has: AVX-512F, else AVX2 with FMA, else None.
+GemmIsa cpu_gemm_isa();
+// The one the kernels use: cpu_gemm_isa(), unless the environment variable PIPETRAIN_GEMM_ISA
+// (auto, avx512, avx2 or none; read at the first call, which a set_native_gemm_isa before it
+// overrides) or set_native_gemm_isa chose another. ConfigError when the variable names an
+// unknown set or one this CPU lacks, at every call until it is fixed.
+GemmIsa native_gemm_isa();
+// Forces `isa` for the whole process: tests of every path, and measuring the AVX2 path on an
+// AVX-512 CPU. ConfigError when this CPU lacks it (its instructions would be a SIGILL).
+void set_native_gemm_isa(GemmIsa isa);
+// "auto" (this CPU's best), "avx512", "avx2" or "none"; anything else is a ConfigError.
+GemmIsa parse_gemm_isa(const std::string& name);
+std::string to_string(GemmIsa isa);  // "avx512", "avx2" or "none"
+// One line for logs and errors: the set in use and who chose it, e.g. "avx2 (PIPETRAIN_GEMM_ISA;
+// this CPU has avx512)".
+std::string native_gemm_summary();
+
+// True where the kernels have an instruction set (native_gemm_isa() is not None) and are not
+// disabled.
 bool native_gemm_available();
 // Switches the kernels off (or on again where the CPU has them): "auto" then picks oneDNN or
-// BLAS, as on a CPU without AVX-512. For tests and to measure the portable path.
+// BLAS, as on a CPU without AVX2. For tests and to measure the portable path.
 void disable_native_gemm(bool disabled);
 
 // A weight W (out x in) laid out for dx = dy W: panels of 32 input features, each panel
