@@ -338,7 +338,9 @@ torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& 
         const int rows = static_cast<int>(std::min<int64_t>(kern.rows, m - r0));
         for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
           Next next;
-          if (r0 + kern.rows >= m && c0 + kern.cols >= cols && p + 1 < end) next.b = weight.panel(p + 1);
+          // During the panel's first tile, not its last: AVX2's last tile (2 rows x 16
+          // columns) is over long before 128 KiB of the next panel could arrive from memory.
+          if (r0 == 0 && c0 == 0 && p + 1 < end) next.b = weight.panel(p + 1);
           kern.tile(rows, k, a + r0 * k, k, weight.panel(p) + c0, &acc[0][c0], next);
         }
         for (int i = 0; i < rows; ++i) std::copy(acc[i], acc[i] + cols, dst + (r0 + i) * in + p * kPanel);
