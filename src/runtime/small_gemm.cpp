@@ -363,6 +363,8 @@ WeightGradOperands::WeightGradOperands(const torch::Tensor& dy_in, const torch::
   in_ = x_.size(1);
   x_packed_.pack(x_);
   x_ptr_ = x_packed_.panel(0);
+  dy_packed_.pack(dy_);
+  dy_packed_ptr_ = dy_packed_.panel(0);
   dy_ptr_ = dy_.data_ptr<float>();
 }
 
@@ -388,18 +390,19 @@ void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
   }
   const int64_t panels = (in + kPanel - 1) / kPanel;
   const Tiles& kern = tiles_in_use();
-  const int64_t tiles = (r_end - r_begin + kern.rows - 1) / kern.rows;
   // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col0 = p * kPanel;
       const int64_t cols = std::min(kPanel, in - col0);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t r0 = r_begin + t * kern.rows;
-        const int rows = static_cast<int>(std::min<int64_t>(kern.rows, r_end - r0));
-        for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
+      for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
+        // A tile stays within one 32-row panel of packed dy.
+        for (int64_t r0 = r_begin; r0 < r_end;) {
+          const int64_t panel_end = std::min(r_end, (r0 / kPanel + 1) * kPanel);
+          const int rows = static_cast<int>(std::min<int64_t>(kern.rows, panel_end - r0));
           kern.weight_tile(rows, parts.data(), parts.size(), r0, p, c0, dw + r0 * in + col0 + c0, in, cols - c0,
                            fresh);
+          r0 += rows;
         }
       }
     }

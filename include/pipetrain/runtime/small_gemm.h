@@ -85,8 +85,9 @@ torch::Tensor native_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // dx = dy W for dy (M x out) and W packed.
 torch::Tensor native_input_grad(const torch::Tensor& dy, const PackedWeight& weight);
 
-// One micro-batch's share of a weight gradient, laid out for the kernel once: x packed like a
-// weight (PackedWeight), dy as it is. Keeps both alive.
+// One micro-batch's share of a weight gradient, laid out for the kernel once: x and dy packed
+// like a weight (PackedWeight), so that a tile reads both as short sequential streams; dy as it
+// is too (the bias gradient). Keeps them alive.
 class WeightGradOperands {
  public:
   WeightGradOperands(const torch::Tensor& dy, const torch::Tensor& x);
@@ -97,16 +98,18 @@ class WeightGradOperands {
   // Raw pointers, read once: the kernel's tile loop must not call out of line (every call
   // would spill its 16 accumulator registers).
   const float* dy() const { return dy_ptr_; }
+  const float* dy_panel(int64_t p) const { return dy_packed_ptr_ + p * rows_ * PackedWeight::kPanel; }
   const float* x_panel(int64_t p) const { return x_ptr_ + p * rows_ * PackedWeight::kPanel; }
 
  private:
   torch::Tensor dy_, x_;
-  PackedWeight x_packed_;
+  PackedWeight x_packed_, dy_packed_;
   int64_t rows_ = 0;
   int64_t out_ = 0;
   int64_t in_ = 0;
   const float* dy_ptr_ = nullptr;
   const float* x_ptr_ = nullptr;
+  const float* dy_packed_ptr_ = nullptr;
 };
 
 // Rows [r_begin, r_end) of dW (out x in) and db (out; null: no bias) accumulate the parts in
