@@ -8,7 +8,7 @@
 //                                against the small x^T packed per call (cheap: M x in floats)
 //   input grad   dx = dy W       against W packed once per weight version into 32-column
 //                                panels (PackedWeight), reused by every micro-batch of a step
-//   weight grad  dW += dy^T x    dy read in place, x packed once per micro-batch, micro-batch
+//   weight grad  dW += dy^T x    dy and x packed once per micro-batch, micro-batch
 //                                after micro-batch into an accumulator that can stop and
 //                                resume anywhere (below)
 // They come in two instruction sets, chosen at run time: AVX-512F, else AVX2 with FMA (the
