@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "pipetrain/error.h"
@@ -148,7 +149,8 @@ const Tiles& tiles_in_use() {
   if (native_gemm_isa() == GemmIsa::Avx512) return avx512::kTiles;
   return avx2::kTiles;
 #else
-  TORCH_INTERNAL_ASSERT(false, "no native GEMM kernels in a build for this architecture");
+  // Unreachable: cpu_gemm_isa() is None here, so require_native refused first.
+  throw std::logic_error("pipetrain: no native GEMM kernels in a build for this architecture");
 #endif
 }
 
