@@ -1,5 +1,7 @@
 // The engine's Linear products on the shapes of workload "mlp" (shared/bench/WORKLOADS.md),
-// one thread: native kernels (runtime/small_gemm.h) against LibTorch's BLAS on the same shapes.
+// one thread: native kernels (runtime/small_gemm.h), on AVX-512 and on AVX2 (forced with
+// set_native_gemm_isa, so both are measured on one AVX-512 machine), against LibTorch's BLAS
+// on the same shapes.
 // "layers" is how many distinct 1024x1024 weights the loop cycles through: 1 keeps the weight
 // in cache, 8 is a stage of "mlp" (32 MiB of weights, more than this machine's L2 and its
 // share of L3), which is what a pipeline stage really streams.
@@ -14,6 +16,7 @@
 //
 // Run: build/bench/small_gemm_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only
 //      LIBXSMM_TARGET=hsw build/bench/small_gemm_bench --benchmark_filter=Xsmm  # libxsmm's AVX2 code
+//      OPENBLAS_CORETYPE=Haswell build/bench/small_gemm_bench --benchmark_filter=Blas  # OpenBLAS's AVX2 code
 #include <benchmark/benchmark.h>
 
 #include <ATen/Parallel.h>
@@ -28,6 +31,7 @@
 
 namespace {
 
+using pipetrain::runtime::GemmIsa;
 using pipetrain::runtime::PackedWeight;
 
 constexpr int64_t kFeatures = 1024;
@@ -51,14 +55,18 @@ void report(benchmark::State& state, int64_t rows) {
       benchmark::Counter(flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
-bool skip_without_kernels(benchmark::State& state) {
-  if (pipetrain::runtime::native_gemm_available()) return false;
-  state.SkipWithError("no AVX-512 on this CPU: the native kernels are not used here");
+// Runs the native kernels on `isa`, or skips where this CPU lacks it.
+bool skip_without_kernels(benchmark::State& state, GemmIsa isa) {
+  if (static_cast<int>(isa) <= static_cast<int>(pipetrain::runtime::cpu_gemm_isa())) {
+    pipetrain::runtime::set_native_gemm_isa(isa);
+    return false;
+  }
+  state.SkipWithError(("no " + pipetrain::runtime::to_string(isa) + " on this CPU: those kernels are not used here").c_str());
   return true;
 }
 
-void BM_NativeForward(benchmark::State& state) {
-  if (skip_without_kernels(state)) return;
+void BM_NativeForward(benchmark::State& state, GemmIsa isa) {
+  if (skip_without_kernels(state, isa)) return;
   at::set_num_threads(1);
   const int64_t rows = state.range(0);
   Layers l(state.range(1));
@@ -86,8 +94,8 @@ void BM_BlasForward(benchmark::State& state) {
   report(state, rows);
 }
 
-void BM_NativeInputGrad(benchmark::State& state) {
-  if (skip_without_kernels(state)) return;
+void BM_NativeInputGrad(benchmark::State& state, GemmIsa isa) {
+  if (skip_without_kernels(state, isa)) return;
   at::set_num_threads(1);
   const int64_t rows = state.range(0);
   Layers l(state.range(1));
@@ -117,8 +125,8 @@ void BM_BlasInputGrad(benchmark::State& state) {
 
 // dW = dy^T x over `rows` rows (micro-batches of 32 rows, all of a fused group), read in place
 // into one accumulator, as DeferredLinear runs it; state.range(1) row blocks per call.
-void BM_NativeWeightGrad(benchmark::State& state) {
-  if (skip_without_kernels(state)) return;
+void BM_NativeWeightGrad(benchmark::State& state, GemmIsa isa) {
+  if (skip_without_kernels(state, isa)) return;
   at::set_num_threads(1);
   const int64_t rows = state.range(0), blocks = state.range(1);
   auto x = torch::randn({rows, kFeatures});
@@ -328,19 +336,21 @@ void layer_shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond);
 }
 
+void weight_grad_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "blocks"})->Args({32, 1})->Args({192, 1})->Args({256, 1})->Args({256, 16});
+  b->Unit(benchmark::kMicrosecond);
+}
+
 }  // namespace
 
-BENCHMARK(BM_NativeForward)->Apply(layer_shapes);
+BENCHMARK_CAPTURE(BM_NativeForward, avx512, GemmIsa::Avx512)->Apply(layer_shapes);
+BENCHMARK_CAPTURE(BM_NativeForward, avx2, GemmIsa::Avx2)->Apply(layer_shapes);
 BENCHMARK(BM_BlasForward)->Apply(layer_shapes);
-BENCHMARK(BM_NativeInputGrad)->Apply(layer_shapes);
+BENCHMARK_CAPTURE(BM_NativeInputGrad, avx512, GemmIsa::Avx512)->Apply(layer_shapes);
+BENCHMARK_CAPTURE(BM_NativeInputGrad, avx2, GemmIsa::Avx2)->Apply(layer_shapes);
 BENCHMARK(BM_BlasInputGrad)->Apply(layer_shapes);
-BENCHMARK(BM_NativeWeightGrad)
-    ->ArgNames({"rows", "blocks"})
-    ->Args({32, 1})
-    ->Args({192, 1})
-    ->Args({256, 1})
-    ->Args({256, 16})
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_NativeWeightGrad, avx512, GemmIsa::Avx512)->Apply(weight_grad_shapes);
+BENCHMARK_CAPTURE(BM_NativeWeightGrad, avx2, GemmIsa::Avx2)->Apply(weight_grad_shapes);
 BENCHMARK(BM_BlasWeightGrad)->ArgName("rows")->Arg(32)->Arg(192)->Arg(256)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_CAPTURE(BM_TorchBf16, Forward, Product::kForward)->Apply(candidate_shapes);

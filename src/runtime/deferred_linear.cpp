@@ -63,8 +63,8 @@ DeferredLinear::DeferredLinear(torch::nn::Linear layer, GemmKernel kernel)
     : layer_(std::move(layer)), kernel_(kernel) {
   // Asked for by value (not by parse_gemm_kernel), so checked here: elsewhere it is a SIGILL.
   if (kernel_ == GemmKernel::Native && !native_gemm_available()) {
-    throw ConfigError("DeferredLinear: GemmKernel::Native needs AVX-512F, which this CPU lacks (or which is "
-                      "disabled); pass parse_gemm_kernel(\"auto\") or GemmKernel::Blas / OneDnn");
+    throw ConfigError("DeferredLinear: GemmKernel::Native needs AVX-512F, or AVX2 and FMA, which are off here: " +
+                      native_gemm_summary() + "; pass parse_gemm_kernel(\"auto\") or GemmKernel::Blas / OneDnn");
   }
 }
 

@@ -21,8 +21,8 @@ GemmKernel parse_gemm_kernel(const std::string& name) {
   }
   if (name == "native") {
     if (!native_gemm_available()) {
-      throw ConfigError("gemm kernel \"native\" requested but this CPU lacks AVX-512F; use \"auto\", "
-                        "\"onednn\" or \"blas\"");
+      throw ConfigError("gemm kernel \"native\" requested but its kernels (AVX-512F, or AVX2 and FMA) are off here: " +
+                        native_gemm_summary() + "; use \"auto\", \"onednn\" or \"blas\"");
     }
     return GemmKernel::Native;
   }

@@ -1,24 +1,26 @@
-// AVX-512 kernels for few-row Linear products (why and how: small_gemm.h).
+// AVX-512 and AVX2 kernels for few-row Linear products (why and how: small_gemm.h).
 #include "pipetrain/runtime/small_gemm.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "pipetrain/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define PIPETRAIN_HAVE_AVX512_KERNELS 1
+#define PIPETRAIN_HAVE_NATIVE_KERNELS 1
 #endif
 
 namespace pipetrain::runtime {
 namespace {
 
 constexpr int64_t kPanel = PackedWeight::kPanel;
-constexpr int kTileRows = 8;  // 8 x 32 accumulators: 16 of the 32 vector registers
+constexpr int kMaxTileRows = 8;  // the most rows of any instruction set's tile
 
 // What the tile after this one reads, to prefetch (null: nothing).
 struct Next {
@@ -26,124 +28,64 @@ struct Next {
   const float* b = nullptr;
 };
 
-#ifdef PIPETRAIN_HAVE_AVX512_KERNELS
-// out[i][0..31] = sum_k a[i * lda + k] * bp[k][0..31] for i < MR: each step loads one 32-float
-// row of the packed operand and broadcasts MR scalars of the other, 2 x MR FMAs.
-// The operands of the next tile are prefetched into L2 alongside (next.a: its MR rows, the
-// same stride; next.b: its packed panel): a 1024-float row is one 4 KiB page, where the
-// hardware prefetcher stops, so a stage that streams 32 MiB of weights per micro-batch
-// would otherwise wait on memory at every row.
-template <int MR>
-__attribute__((target("avx512f"))) void micro_tile(int64_t k_len, const float* a, int64_t lda, const float* bp,
-                                                   float (*out)[kPanel], Next next) {
-  __m512 c0[MR], c1[MR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    c0[i] = _mm512_setzero_ps();
-    c1[i] = _mm512_setzero_ps();
-  }
-  for (int64_t k = 0; k < k_len; ++k) {
-    if (next.a && k % 16 == 0) {
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(next.a + i * lda + k), _MM_HINT_T1);
-    }
-    if (next.b) {
-      _mm_prefetch(reinterpret_cast<const char*>(next.b + k * kPanel), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(next.b + k * kPanel + 16), _MM_HINT_T1);
-    }
-    const __m512 b0 = _mm512_loadu_ps(bp + k * kPanel);
-    const __m512 b1 = _mm512_loadu_ps(bp + k * kPanel + 16);
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const __m512 s = _mm512_set1_ps(a[i * lda + k]);
-      c0[i] = _mm512_fmadd_ps(s, b0, c0[i]);
-      c1[i] = _mm512_fmadd_ps(s, b1, c1[i]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    _mm512_storeu_ps(out[i], c0[i]);
-    _mm512_storeu_ps(out[i] + 16, c1[i]);
-  }
-}
+// One instruction set's tiles (small_gemm_tiles.inc), as the shared drivers below call them:
+// `rows` x `cols` outputs per call, `cols` dividing the 32-wide panel.
+struct Tiles {
+  int rows;
+  int cols;
+  // out[i * kPanel + c] for i < rows (at most Tiles::rows), c < cols
+  void (*tile)(int rows, int64_t k_len, const float* a, int64_t lda, const float* bp, float* out, Next next);
+  // dW rows [r0, r0 + rows), columns [col0, col0 + cols) of panel `panel` (cols: how many are real)
+  void (*weight_tile)(int rows, const WeightGradOperands* const* parts, size_t num_parts, int64_t r0, int64_t panel,
+                      int64_t col0, float* dw, int64_t ldd, int64_t cols, bool fresh);
+};
 
-// The weight-gradient tile: acc[i][0..31] continues, over every part's rows in order,
-//   acc[i][c] += dy^T[r0 + i][k] * x[k][col0 + c]
-// with x packed once per micro-batch (WeightGradOperands) and dy read where it is (a transposed
-// copy of dy measured no faster and costs a pass over it).
-// The accumulators come from and go to dW itself (masked to the panel's columns): staging
-// them in a buffer costs a store-forwarding stall per register, a third of a 32-row tile.
-template <int MR>
-__attribute__((target("avx512f"))) void weight_tile(const WeightGradOperands* const* parts, size_t num_parts,
-                                                    int64_t r0, int64_t panel, float* dw, int64_t ldd,
-                                                    __mmask16 m0, __mmask16 m1, bool fresh) {
-  __m512 c0[MR], c1[MR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    c0[i] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, dw + i * ldd);
-    c1[i] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, dw + i * ldd + 16);
+#ifdef PIPETRAIN_HAVE_NATIVE_KERNELS
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace avx512 {
+struct Vec {
+  using Reg = __m512;
+  using Mask = __mmask16;
+  static constexpr int kWidth = 16, kVecs = 2, kRows = 8;  // 16 of the 32 registers accumulate
+  [[gnu::always_inline]] static inline Reg zero() { return _mm512_setzero_ps(); }
+  [[gnu::always_inline]] static inline Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  [[gnu::always_inline]] static inline void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  [[gnu::always_inline]] static inline Reg broadcast(float f) { return _mm512_set1_ps(f); }
+  [[gnu::always_inline]] static inline Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  // The first `lanes` lanes (none for lanes <= 0, all for lanes >= kWidth).
+  [[gnu::always_inline]] static inline Mask mask(int64_t lanes) {
+    return static_cast<Mask>(lanes >= kWidth ? 0xFFFF : lanes <= 0 ? 0 : (1u << lanes) - 1);
   }
-  for (size_t part = 0; part < num_parts; ++part) {
-    const WeightGradOperands& op = *parts[part];
-    const int64_t k_len = op.rows();
-    const int64_t lda = op.out_features();
-    const float* a = op.dy() + r0;  // dy^T[r0 + i][k] = dy[k][r0 + i]: 8 floats of one line per k
-    const float* bp = op.x_panel(panel);
-    for (int64_t k = 0; k < k_len; ++k) {
-      const __m512 b0 = _mm512_loadu_ps(bp + k * kPanel);
-      const __m512 b1 = _mm512_loadu_ps(bp + k * kPanel + 16);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const __m512 s = _mm512_set1_ps(a[k * lda + i]);
-        c0[i] = _mm512_fmadd_ps(s, b0, c0[i]);
-        c1[i] = _mm512_fmadd_ps(s, b1, c1[i]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    _mm512_mask_storeu_ps(dw + i * ldd, m0, c0[i]);
-    _mm512_mask_storeu_ps(dw + i * ldd + 16, m1, c1[i]);
-  }
-}
+  [[gnu::always_inline]] static inline Reg load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  [[gnu::always_inline]] static inline void store(float* p, Mask m, Reg v) { _mm512_mask_storeu_ps(p, m, v); }
+};
+#include "small_gemm_tiles.inc"
+}  // namespace avx512
+#pragma GCC pop_options
 
-void weight_tile_rows(int rows, const WeightGradOperands* const* parts, size_t num_parts, int64_t r0, int64_t panel,
-                      float* dw, int64_t ldd, int64_t cols, bool fresh) {
-  const auto m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-  const auto m1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
-  switch (rows) {
-    case 8: return weight_tile<8>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
-    case 7: return weight_tile<7>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
-    case 6: return weight_tile<6>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
-    case 5: return weight_tile<5>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
-    case 4: return weight_tile<4>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
-    case 3: return weight_tile<3>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
-    case 2: return weight_tile<2>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
-    default: return weight_tile<1>(parts, num_parts, r0, panel, dw, ldd, m0, m1, fresh);
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+struct Vec {
+  using Reg = __m256;
+  using Mask = __m256i;
+  static constexpr int kWidth = 8, kVecs = 2, kRows = 6;  // 12 of the 16 registers accumulate
+  [[gnu::always_inline]] static inline Reg zero() { return _mm256_setzero_ps(); }
+  [[gnu::always_inline]] static inline Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  [[gnu::always_inline]] static inline void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+  [[gnu::always_inline]] static inline Reg broadcast(float f) { return _mm256_set1_ps(f); }
+  [[gnu::always_inline]] static inline Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  [[gnu::always_inline]] static inline Mask mask(int64_t lanes) {
+    const int n = static_cast<int>(lanes >= kWidth ? kWidth : lanes <= 0 ? 0 : lanes);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
-}
-
-void tile(int rows, int64_t k_len, const float* a, int64_t lda, const float* bp, float (*out)[kPanel],
-          Next next = {}) {
-  switch (rows) {
-    case 8: return micro_tile<8>(k_len, a, lda, bp, out, next);
-    case 7: return micro_tile<7>(k_len, a, lda, bp, out, next);
-    case 6: return micro_tile<6>(k_len, a, lda, bp, out, next);
-    case 5: return micro_tile<5>(k_len, a, lda, bp, out, next);
-    case 4: return micro_tile<4>(k_len, a, lda, bp, out, next);
-    case 3: return micro_tile<3>(k_len, a, lda, bp, out, next);
-    case 2: return micro_tile<2>(k_len, a, lda, bp, out, next);
-    default: return micro_tile<1>(k_len, a, lda, bp, out, next);
-  }
-}
-#else
-void tile(int, int64_t, const float*, int64_t, const float*, float (*)[kPanel], Next = {}) {
-  TORCH_CHECK(false, "pipetrain's native GEMM kernels need an x86-64 build");
-}
-void weight_tile_rows(int, const WeightGradOperands* const*, size_t, int64_t, int64_t, float*, int64_t, int64_t,
-                      bool) {
-  TORCH_CHECK(false, "pipetrain's native GEMM kernels need an x86-64 build");
-}
+  [[gnu::always_inline]] static inline Reg load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+  [[gnu::always_inline]] static inline void store(float* p, Mask m, Reg v) { _mm256_maskstore_ps(p, m, v); }
+};
+#include "small_gemm_tiles.inc"
+}  // namespace avx2
+#pragma GCC pop_options
 #endif
 
 // Panels of 32 rows of x laid out k-major ([K][32]), zero-padded past the last row.
@@ -166,21 +108,58 @@ torch::Tensor pack_rows_transposed(const torch::Tensor& x) {
 
 std::atomic<bool> native_disabled_{false};
 
-bool cpu_has_avx512f() {
-#ifdef PIPETRAIN_HAVE_AVX512_KERNELS
-  static const bool available = __builtin_cpu_supports("avx512f");
-  return available;
+// Which instruction set the kernels use, and who chose it. -1: nobody yet, the environment
+// decides at the first call (a call to set_native_gemm_isa first overrides it unread).
+enum class ChosenBy { Cpu, Environment, Call };
+std::atomic<int> chosen_isa_{-1};
+std::atomic<ChosenBy> chosen_by_{ChosenBy::Cpu};
+
+const char* isa_requirement(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Avx512: return "AVX-512F";
+    case GemmIsa::Avx2: return "AVX2 and FMA";
+    default: return "nothing";
+  }
+}
+
+// Refuses an instruction set the CPU lacks: its instructions would be a SIGILL.
+GemmIsa require_cpu_has(GemmIsa isa, const std::string& who) {
+  if (static_cast<int>(isa) <= static_cast<int>(cpu_gemm_isa())) return isa;
+  throw ConfigError(who + ": the " + to_string(isa) + " kernels need " + isa_requirement(isa) +
+                    ", which this CPU lacks; the best it has is " + to_string(cpu_gemm_isa()) +
+                    " (choose that, \"auto\" or \"none\")");
+}
+
+GemmIsa isa_from_environment() {
+  const char* value = std::getenv("PIPETRAIN_GEMM_ISA");
+  if (!value || !*value) return cpu_gemm_isa();
+  const std::string who = std::string("PIPETRAIN_GEMM_ISA=") + value;
+  GemmIsa isa;
+  try {
+    isa = parse_gemm_isa(value);
+  } catch (const ConfigError& e) {
+    throw ConfigError(who + ": " + e.what());
+  }
+  return require_cpu_has(isa, who);
+}
+
+// The tiles of the instruction set in use; only after require_native.
+const Tiles& tiles_in_use() {
+#ifdef PIPETRAIN_HAVE_NATIVE_KERNELS
+  if (native_gemm_isa() == GemmIsa::Avx512) return avx512::kTiles;
+  return avx2::kTiles;
 #else
-  return false;
+  // Unreachable: cpu_gemm_isa() is None here, so require_native refused first.
+  throw std::logic_error("pipetrain: no native GEMM kernels in a build for this architecture");
 #endif
 }
 
-// The kernels' instructions exist only where the CPU has AVX-512F: anywhere else they are a
+// The kernels' instructions exist only where the CPU has them: anywhere else they are a
 // SIGILL, so each public entry checks before it touches one.
 void require_native(const char* who) {
   if (native_gemm_available()) return;
-  throw ConfigError(std::string(who) + ": pipetrain's native GEMM kernels need AVX-512F, which " +
-                    (cpu_has_avx512f() ? "is switched off (disable_native_gemm)" : "this CPU lacks") +
+  throw ConfigError(std::string(who) + ": pipetrain's native GEMM kernels (AVX-512F, or AVX2 and FMA) are off here: " +
+                    native_gemm_summary() +
                     "; choose the kernel with parse_gemm_kernel(\"auto\") or use GemmKernel::Blas / OneDnn");
 }
 
@@ -205,7 +184,65 @@ void require_float_cpu(const char* who, const char* name, const torch::Tensor& t
 
 }  // namespace
 
-bool native_gemm_available() { return cpu_has_avx512f() && !native_disabled_.load(); }
+GemmIsa cpu_gemm_isa() {
+#ifdef PIPETRAIN_HAVE_NATIVE_KERNELS
+  static const GemmIsa best = __builtin_cpu_supports("avx512f") ? GemmIsa::Avx512
+                              : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? GemmIsa::Avx2
+                                                                                                 : GemmIsa::None;
+  return best;
+#else
+  return GemmIsa::None;
+#endif
+}
+
+GemmIsa native_gemm_isa() {
+  int isa = chosen_isa_.load();
+  if (isa >= 0) return static_cast<GemmIsa>(isa);
+  const GemmIsa from_env = isa_from_environment();  // throws on a bad value, every call until fixed
+  int unset = -1;
+  if (chosen_isa_.compare_exchange_strong(unset, static_cast<int>(from_env))) {
+    chosen_by_.store(std::getenv("PIPETRAIN_GEMM_ISA") ? ChosenBy::Environment : ChosenBy::Cpu);
+  }
+  return static_cast<GemmIsa>(chosen_isa_.load());
+}
+
+void set_native_gemm_isa(GemmIsa isa) {
+  chosen_isa_.store(static_cast<int>(require_cpu_has(isa, "set_native_gemm_isa")));
+  chosen_by_.store(ChosenBy::Call);
+}
+
+GemmIsa parse_gemm_isa(const std::string& name) {
+  if (name == "auto") return cpu_gemm_isa();
+  if (name == "avx512") return GemmIsa::Avx512;
+  if (name == "avx2") return GemmIsa::Avx2;
+  if (name == "none") return GemmIsa::None;
+  throw ConfigError("unknown instruction set \"" + name + "\" for the native GEMM kernels; expected auto, avx512, "
+                    "avx2 or none");
+}
+
+std::string to_string(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Avx512: return "avx512";
+    case GemmIsa::Avx2: return "avx2";
+    default: return "none";
+  }
+}
+
+std::string native_gemm_summary() {
+  const GemmIsa isa = native_gemm_isa();
+  std::string out = to_string(isa);
+  switch (chosen_by_.load()) {
+    case ChosenBy::Environment: out += " (PIPETRAIN_GEMM_ISA; this CPU has " + to_string(cpu_gemm_isa()) + ")"; break;
+    case ChosenBy::Call: out += " (set_native_gemm_isa; this CPU has " + to_string(cpu_gemm_isa()) + ")"; break;
+    default:
+      if (isa == GemmIsa::None) out += " (this CPU has neither AVX-512F nor AVX2 and FMA)";
+      break;
+  }
+  if (native_disabled_.load()) out += ", switched off (disable_native_gemm)";
+  return out;
+}
+
+bool native_gemm_available() { return native_gemm_isa() != GemmIsa::None && !native_disabled_.load(); }
 
 void disable_native_gemm(bool disabled) { native_disabled_.store(disabled); }
 
@@ -253,18 +290,22 @@ torch::Tensor native_linear(const torch::Tensor& x_in, const torch::Tensor& weig
   const float* xp = xt.data_ptr<float>();
   float* dst = y.data_ptr<float>();
   const int64_t panels = xt.size(0);
-  const int64_t tiles = (out + kTileRows - 1) / kTileRows;
-  // y^T = W x^T: each tile is 8 output features x 32 rows, written back transposed.
+  const Tiles& kern = tiles_in_use();
+  const int64_t tiles = (out + kern.rows - 1) / kern.rows;
+  // y^T = W x^T: each tile is kern.rows output features x kern.cols rows, written back transposed.
   at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
-    alignas(64) float acc[kTileRows][kPanel];
+    alignas(64) float acc[kMaxTileRows][kPanel];
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r0 = t * kTileRows;
-      const int rows = static_cast<int>(std::min<int64_t>(kTileRows, out - r0));
+      const int64_t r0 = t * kern.rows;
+      const int rows = static_cast<int>(std::min<int64_t>(kern.rows, out - r0));
       Next next;
-      if (t + 1 < end && rows == kTileRows) next.a = w + (r0 + kTileRows) * k;
+      if (t + 1 < end && rows == kern.rows) next.a = w + (r0 + kern.rows) * k;
       for (int64_t p = 0; p < panels; ++p) {
-        tile(rows, k, w + r0 * k, k, xp + p * k * kPanel, acc, p + 1 == panels ? next : Next{});
         const int64_t cols = std::min(kPanel, m - p * kPanel);
+        for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
+          const bool last = p + 1 == panels && c0 + kern.cols >= cols;
+          kern.tile(rows, k, w + r0 * k, k, xp + p * k * kPanel + c0, &acc[0][c0], last ? next : Next{});
+        }
         for (int64_t c = 0; c < cols; ++c) {
           float* yrow = dst + (p * kPanel + c) * out + r0;
           for (int i = 0; i < rows; ++i) yrow[i] = acc[i][c] + (b ? b[r0 + i] : 0.0f);
@@ -290,15 +331,20 @@ torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& 
   const float* a = dy.data_ptr<float>();
   float* dst = dx.data_ptr<float>();
   const int64_t panels = (in + kPanel - 1) / kPanel;
+  const Tiles& kern = tiles_in_use();
   at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
-    alignas(64) float acc[kTileRows][kPanel];
+    alignas(64) float acc[kMaxTileRows][kPanel];
     for (int64_t p = begin; p < end; ++p) {
       const int64_t cols = std::min(kPanel, in - p * kPanel);
-      for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m - r0));
-        Next next;
-        if (r0 + kTileRows >= m && p + 1 < end) next.b = weight.panel(p + 1);
-        tile(rows, k, a + r0 * k, k, weight.panel(p), acc, next);
+      for (int64_t r0 = 0; r0 < m; r0 += kern.rows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kern.rows, m - r0));
+        for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
+          Next next;
+          // During the panel's first tile, not its last: AVX2's last tile (2 rows x 16
+          // columns) is over long before 128 KiB of the next panel could arrive from memory.
+          if (r0 == 0 && c0 == 0 && p + 1 < end) next.b = weight.panel(p + 1);
+          kern.tile(rows, k, a + r0 * k, k, weight.panel(p) + c0, &acc[0][c0], next);
+        }
         for (int i = 0; i < rows; ++i) std::copy(acc[i], acc[i] + cols, dst + (r0 + i) * in + p * kPanel);
       }
     }
@@ -319,6 +365,8 @@ WeightGradOperands::WeightGradOperands(const torch::Tensor& dy_in, const torch::
   in_ = x_.size(1);
   x_packed_.pack(x_);
   x_ptr_ = x_packed_.panel(0);
+  dy_packed_.pack(dy_);
+  dy_packed_ptr_ = dy_packed_.panel(0);
   dy_ptr_ = dy_.data_ptr<float>();
 }
 
@@ -343,16 +391,21 @@ void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
                      ") lie outside the gradient's 0.." + std::to_string(out));
   }
   const int64_t panels = (in + kPanel - 1) / kPanel;
-  const int64_t tiles = (r_end - r_begin + kTileRows - 1) / kTileRows;
+  const Tiles& kern = tiles_in_use();
   // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col0 = p * kPanel;
       const int64_t cols = std::min(kPanel, in - col0);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t r0 = r_begin + t * kTileRows;
-        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, r_end - r0));
-        weight_tile_rows(rows, parts.data(), parts.size(), r0, p, dw + r0 * in + col0, in, cols, fresh);
+      for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
+        // A tile stays within one 32-row panel of packed dy.
+        for (int64_t r0 = r_begin; r0 < r_end;) {
+          const int64_t panel_end = std::min(r_end, (r0 / kPanel + 1) * kPanel);
+          const int rows = static_cast<int>(std::min<int64_t>(kern.rows, panel_end - r0));
+          kern.weight_tile(rows, parts.data(), parts.size(), r0, p, c0, dw + r0 * in + col0 + c0, in, cols - c0,
+                           fresh);
+          r0 += rows;
+        }
       }
     }
   });

@@ -53,7 +53,7 @@ void expect_same(const std::vector<torch::Tensor>& a, const std::vector<torch::T
 class NativeStageModel : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!native_gemm_available()) GTEST_SKIP() << "this CPU lacks AVX-512F";
+    if (!native_gemm_available()) GTEST_SKIP() << "this CPU has neither AVX-512F nor AVX2 and FMA";
   }
 };
 

@@ -2,9 +2,9 @@
 //
 // Debian's LibTorch runs nn::Linear on whatever libblas.so.3 the system has. Its oneDNN build
 // has a second GEMM, faster than OpenBLAS for the 32-row products a pipeline's micro-batches
-// make, and pipetrain has its own AVX-512 kernels for those (small_gemm.h), about 2x faster
-// than OpenBLAS there. The engine picks a kernel once ("auto": native where the CPU has
-// AVX-512, else oneDNN where LibTorch has it, else BLAS).
+// make, and pipetrain has its own AVX-512 and AVX2 kernels for those (small_gemm.h), about 2x
+// faster than OpenBLAS there. The engine picks a kernel once ("auto": native where the CPU has
+// AVX-512 or AVX2 with FMA, else oneDNN where LibTorch has it, else BLAS).
 #pragma once
 
 #include <torch/torch.h>
@@ -15,7 +15,7 @@ namespace pipetrain::runtime {
 
 enum class GemmKernel { Blas, OneDnn, Native };
 
-// "blas", "onednn", "native", or "auto" (native on AVX-512 CPUs, else oneDNN when LibTorch
+// "blas", "onednn", "native", or "auto" (native on AVX-512 or AVX2 CPUs, else oneDNN when LibTorch
 // was built with it, else BLAS). ConfigError for anything else, or for a kernel this machine
 // lacks.
 GemmKernel parse_gemm_kernel(const std::string& name);

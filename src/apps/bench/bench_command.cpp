@@ -23,6 +23,7 @@
 #include "pipetrain/engine/pipeline_engine.h"
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/allocation_counter.h"
+#include "pipetrain/runtime/small_gemm.h"
 #include "pipetrain/schedule/schedule.h"
 #include "pipetrain/schedule/trace.h"
 #include "pipetrain/util/blas.h"
@@ -327,6 +328,8 @@ int run_bench(BenchArgs args) {
               {"transfer_ms", med(engine_runs, "transfer_ms")},
               {"threads_per_rank", engine_runs.front()["threads_per_rank"]},
               {"gemm_kernel", args.gemm_kernel},
+              // The ranks inherit PIPETRAIN_GEMM_ISA, so they run what this process would.
+              {"native_gemm_isa", runtime::native_gemm_summary()},
               {"precision", args.precision},
               {"fp32_samples_per_s", fp32_sps},
               {"fp32_loss_last", fp32_first["loss_last"]},
