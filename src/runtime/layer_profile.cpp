@@ -139,24 +139,15 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
   int64_t counted = 0;
   const auto start = Clock::now();
   for (int64_t pass = 0;; ++pass) {
-    // As a stage runs them: every forward in order, then the backwards in reverse, so that a
-    // layer's backward does not find its weights still in cache from its forward.
     Batch x = sample;
-    std::vector<Batch> outputs(n);
-    std::vector<double> tf(n);
     for (size_t i = 0; i < n; ++i) {
       const Batch in = detached_input(x);
-      const auto t0 = Clock::now();
-      outputs[i] = chunks[i]->forward(in, 0);
-      tf[i] = seconds_since(t0);
-      std::vector<torch::Tensor> next;
-      for (const auto& t : outputs[i].tensors()) next.push_back(t.detach());
-      x = outputs[i].with(std::move(next));
-    }
-    for (size_t i = n; i-- > 0;) {
-      chunks[i]->prepare_backward();
       auto t0 = Clock::now();
-      backward_ones(outputs[i]);
+      Batch y = chunks[i]->forward(in, 0);
+      const double tf = seconds_since(t0);
+      chunks[i]->prepare_backward();
+      t0 = Clock::now();
+      backward_ones(y);
       const double tb = seconds_since(t0);
       double tw = 0;  // layers without the fast path computed theirs in the backward
       if (chunks[i]->has_deferred_weights()) {
@@ -165,12 +156,14 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
         chunks[i]->finish_weight_groups();
         tw = seconds_since(t0);
       }
-      outputs[i] = Batch();
       if (pass > 0) {
-        f[i].push_back(tf[i]);
+        f[i].push_back(tf);
         b[i].push_back(tb);
         w[i].push_back(tw);
       }
+      std::vector<torch::Tensor> next;
+      for (const auto& t : y.tensors()) next.push_back(t.detach());
+      x = y.with(std::move(next));
     }
     if (pass > 0) ++counted;
     if (pass >= options.min_passes - 1 && counted > 0 && Clock::now() - start >= options.budget) break;
