@@ -17,6 +17,7 @@
 #include "optimizer_compat.h"
 #include "tensor_parallel_state.h"
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/rng.h"
 
 namespace pipetrain {
 
@@ -64,28 +65,22 @@ void save_archive(torch::serialize::OutputArchive& archive, const fs::path& path
 
 // The rank's random streams: PipelineEngine::random_stream (dropout and every other random op of
 // its layers draw from it) and, under tensor parallelism, the sharded regions' stream.
-torch::Tensor state_of(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
 void save_rng_state(const PipelineEngine& engine, const fs::path& path) {
   // torch::save's layout (the tensor under key "0"), so that torch::load reads it back.
   torch::serialize::OutputArchive archive;
-  archive.write("0", state_of(engine.random_stream()));
+  archive.write("0", runtime::generator_state(engine.random_stream()));
   const auto& sharded = engine.tensor_parallel().sharded_rng;
-  if (sharded.defined()) archive.write("sharded", state_of(sharded));
+  if (sharded.defined()) archive.write("sharded", runtime::generator_state(sharded));
   save_archive(archive, path);
 }
 
 void load_rng_state(const PipelineEngine& engine, const fs::path& path) {
   torch::serialize::InputArchive archive;
   archive.load_from(path.string());
-  auto restore = [&](const char* key, at::Generator gen) {
+  auto restore = [&](const char* key, const at::Generator& gen) {
     torch::Tensor state;
     if (!archive.try_read(key, state)) return false;
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
+    runtime::set_generator_state(gen, state);
     return true;
   };
   if (!restore("0", engine.random_stream())) {

@@ -122,17 +122,15 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       AutocastStateScope autocast(state->autocast);
       NoCastCacheScope no_cache;
       // The CUDA generators (the CPU one is the lease's).
-      RngSnapshot now = RngSnapshot::capture();
-      RngSnapshot then = state->default_rng;
-      now.cpu = then.cpu = torch::Tensor();
-      then.restore();
+      const RngSnapshot now = RngSnapshot::capture();
+      state->default_rng.restore_cuda();
       try {
         outputs = state->fn(inputs);
       } catch (...) {
-        now.restore();
+        now.restore_cuda();
         throw;
       }
-      now.restore();
+      now.restore_cuda();
     }
     TORCH_CHECK(outputs.size() == grad_outputs.size(), "checkpointed function returned ",
                 outputs.size(), " tensors on recomputation but ", grad_outputs.size(),

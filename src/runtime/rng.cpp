@@ -19,18 +19,6 @@ thread_local int policy_ = kUncovered;
 thread_local DefaultGeneratorLease* active_lease_ = nullptr;
 thread_local int lock_depth_ = 0;  // how many times this thread holds rng_mutex()
 
-torch::Tensor state_of(const at::Generator& g) {
-  at::Generator gen = g;  // shares the impl; the mutex is the generator's own
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_state_of(const at::Generator& g, const torch::Tensor& state) {
-  at::Generator gen = g;
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
 }  // namespace
 
 // The engine's words and the cached normal samples: every draw changes one of them. (The state
@@ -58,22 +46,25 @@ bool CpuGeneratorPosition::operator==(const CpuGeneratorPosition& o) const {
 
 RngSnapshot RngSnapshot::capture() {
   RngSnapshot snapshot;
-  snapshot.cpu = state_of(at::detail::getDefaultCPUGenerator());
+  snapshot.cpu = generator_state(at::detail::getDefaultCPUGenerator());
   snapshot.cpu_position = CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator());
   const int64_t cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
   for (int64_t d = 0; d < cuda_devices; ++d) {
     snapshot.cuda.push_back(
-        state_of(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, d))));
+        generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, d))));
   }
   return snapshot;
 }
 
 void RngSnapshot::restore() const {
-  if (cpu.defined()) set_state_of(at::detail::getDefaultCPUGenerator(), cpu);
+  if (cpu.defined()) set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
+  restore_cuda();
+}
+
+void RngSnapshot::restore_cuda() const {
   for (size_t d = 0; d < cuda.size(); ++d) {
-    set_state_of(at::globalContext().defaultGenerator(
-                     c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d))),
-                 cuda[d]);
+    set_generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d))),
+                        cuda[d]);
   }
 }
 
@@ -113,14 +104,26 @@ SeededScope::SeededScope(uint64_t seed) : lock_(lock_rng("SeededScope")) {
 
 SeededScope::~SeededScope() {
   --lock_depth_;
-  set_state_of(at::detail::getDefaultCPUGenerator(), saved_cpu_);
+  set_generator_state(at::detail::getDefaultCPUGenerator(), saved_cpu_);
 }
 
 at::Generator make_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
+torch::Tensor generator_state(const at::Generator& generator) {
+  at::Generator gen = generator;  // shares the impl; the mutex is the generator's own
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(const at::Generator& generator, const torch::Tensor& state) {
+  at::Generator gen = generator;
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
 at::Generator generator_with_state(const torch::Tensor& state) {
   at::Generator gen = make_generator(0);
-  gen.set_state(state);
+  set_generator_state(gen, state);
   return gen;
 }
 
@@ -152,8 +155,8 @@ DefaultGeneratorLease::DefaultGeneratorLease(at::Generator stream)
       stream_(std::move(stream)),
       previous_policy_(policy_) {
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
-  saved_ = state_of(cpu);
-  set_state_of(cpu, state_of(stream_));
+  saved_ = generator_state(cpu);
+  set_generator_state(cpu, generator_state(stream_));
   installed_ = CpuGeneratorPosition::of(cpu);
   policy_ = kLeased;
   active_lease_ = this;
@@ -166,8 +169,8 @@ DefaultGeneratorLease::~DefaultGeneratorLease() {
   --lock_depth_;
   if (!stream_.defined()) return;
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
-  set_state_of(stream_, state_of(cpu));
-  set_state_of(cpu, saved_);
+  set_generator_state(stream_, generator_state(cpu));
+  set_generator_state(cpu, saved_);
 }
 
 bool DefaultGeneratorLease::drew() const {
@@ -178,8 +181,8 @@ LeaseSuspension::LeaseSuspension() {
   if (!active_lease_ || lock_depth_ != 1 || !active_lease_->lock_.owns_lock()) return;
   lease_ = active_lease_;
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
-  progress_ = state_of(cpu);
-  if (lease_->stream_.defined()) set_state_of(cpu, lease_->saved_);
+  progress_ = generator_state(cpu);
+  if (lease_->stream_.defined()) set_generator_state(cpu, lease_->saved_);
   lease_->lock_.unlock();
 }
 
@@ -187,8 +190,8 @@ LeaseSuspension::~LeaseSuspension() {
   if (!lease_) return;
   lease_->lock_.lock();
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
-  if (lease_->stream_.defined()) lease_->saved_ = state_of(cpu);
-  set_state_of(cpu, progress_);
+  if (lease_->stream_.defined()) lease_->saved_ = generator_state(cpu);
+  set_generator_state(cpu, progress_);
 }
 
 bool default_generator_covered() { return policy_ != kUncovered; }

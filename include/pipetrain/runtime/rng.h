@@ -44,6 +44,8 @@ struct RngSnapshot {
   static RngSnapshot capture();
   // Puts every captured state back (a default snapshot restores nothing).
   void restore() const;
+  // Puts the CUDA generators' captured states back, leaving the CPU generator as it is.
+  void restore_cuda() const;
   // Whether a generator's state now differs from the captured one (something drew).
   bool moved_since() const;
 };
@@ -182,6 +184,10 @@ class LearnedLease {
   std::optional<FreeOfDrawsScope> free_;
   int exceptions_;
 };
+
+// A generator's state, and setting it, each under the generator's own mutex.
+torch::Tensor generator_state(const at::Generator& generator);
+void set_generator_state(const at::Generator& generator, const torch::Tensor& state);
 
 // A new CPU generator in the state `state` (a get_state() of one).
 at::Generator generator_with_state(const torch::Tensor& state);
