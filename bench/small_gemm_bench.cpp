@@ -8,6 +8,7 @@
 //
 // Beside them, the candidates for other kernels (issue 17), each checked once against the
 // float64 product before it is timed (gemm_check.h; a wrong one is skipped with an error):
+//   NativeBf16* pipetrain's AVX512_BF16 kernels (runtime/small_gemm_bf16.h), what the engine runs
 //   TorchBf16*  torch::mm on bfloat16 tensors (oneDNN's bf16 GEMM where the CPU has AVX512_BF16)
 //   Xsmm*       libxsmm's JIT kernels, fp32 and bf16 (only when built with libxsmm: xsmm_gemm.h)
 // For forward and input gradient, "prep" = 1 times the per-step preparation of the fp32 weight
@@ -25,6 +26,7 @@
 
 #include "gemm_check.h"
 #include "pipetrain/runtime/small_gemm.h"
+#include "pipetrain/runtime/small_gemm_bf16.h"
 #ifdef PIPETRAIN_WITH_LIBXSMM
 #include "xsmm_gemm.h"
 #endif
@@ -302,6 +304,50 @@ void BM_XsmmBf16(benchmark::State& state, Product product) {
 }
 #endif  // PIPETRAIN_WITH_LIBXSMM
 
+// The engine's bf16 products: forward and input gradient over `layers` bf16 weights (prep = 1
+// casts and packs the fp32 weight every call, as once per step), or the weight gradient into
+// float32 over 32-row micro-batches, packing included.
+void BM_NativeBf16(benchmark::State& state, Product product) {
+  namespace rt = pipetrain::runtime;
+  if (!rt::native_bf16_available()) return state.SkipWithError("no AVX512_BF16 kernels here");
+  at::set_num_threads(1);
+  const int64_t rows = state.range(0);
+  const bool prep = state.range(2) != 0;
+  Layers l(state.range(1));
+  auto act = torch::randn({rows, kFeatures}).to(torch::kBFloat16);  // x, or dy
+  if (product == Product::kWeightGrad) {
+    auto x = torch::randn({rows, kFeatures}).to(torch::kBFloat16);
+    auto dw = torch::zeros({kFeatures, kFeatures});
+    for (auto _ : state) {
+      std::vector<rt::WeightGradPairs> ops;
+      for (int64_t r = 0; r < rows; r += 32) ops.emplace_back(act.slice(0, r, r + 32), x.slice(0, r, r + 32));
+      std::vector<const rt::WeightGradPairs*> parts;
+      for (const auto& op : ops) parts.push_back(&op);
+      rt::native_weight_grad_bf16(dw.data_ptr<float>(), nullptr, 0, kFeatures, parts, true);
+      benchmark::DoNotOptimize(dw.data_ptr<float>());
+    }
+    return report(state, rows);
+  }
+  std::vector<torch::Tensor> cast;
+  std::vector<rt::PackedPairs> packed(l.weights.size());
+  for (size_t i = 0; i < l.weights.size(); ++i) {
+    cast.push_back(l.weights[i].to(torch::kBFloat16));
+    packed[i].pack(cast.back());
+  }
+  size_t i = 0;
+  for (auto _ : state) {
+    if (prep) {
+      cast[i] = l.weights[i].to(torch::kBFloat16);
+      if (product == Product::kInputGrad) packed[i].pack(cast[i]);
+    }
+    auto out = product == Product::kForward ? rt::native_linear_bf16(act, cast[i], l.biases[i])
+                                            : rt::native_input_grad_bf16(act, packed[i]);
+    benchmark::DoNotOptimize(out.data_ptr());
+    i = (i + 1) % l.weights.size();
+  }
+  report(state, rows);
+}
+
 // rows x layers x prep for the candidates' forward and input gradient.
 void candidate_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "layers", "prep"});
@@ -353,6 +399,9 @@ BENCHMARK_CAPTURE(BM_NativeWeightGrad, avx512, GemmIsa::Avx512)->Apply(weight_gr
 BENCHMARK_CAPTURE(BM_NativeWeightGrad, avx2, GemmIsa::Avx2)->Apply(weight_grad_shapes);
 BENCHMARK(BM_BlasWeightGrad)->ArgName("rows")->Arg(32)->Arg(192)->Arg(256)->Unit(benchmark::kMicrosecond);
 
+BENCHMARK_CAPTURE(BM_NativeBf16, Forward, Product::kForward)->Apply(candidate_shapes);
+BENCHMARK_CAPTURE(BM_NativeBf16, InputGrad, Product::kInputGrad)->Apply(candidate_shapes);
+BENCHMARK_CAPTURE(BM_NativeBf16, WeightGrad, Product::kWeightGrad)->Apply(candidate_weight_grad_shapes);
 BENCHMARK_CAPTURE(BM_TorchBf16, Forward, Product::kForward)->Apply(candidate_shapes);
 BENCHMARK_CAPTURE(BM_TorchBf16, InputGrad, Product::kInputGrad)->Apply(candidate_shapes);
 BENCHMARK_CAPTURE(BM_TorchBf16, WeightGrad, Product::kWeightGrad)->Apply(candidate_weight_grad_shapes);

@@ -28,8 +28,7 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
     ctx->saved_data["mb"] = mb;
     torch::Tensor y;
     if (x2d.scalar_type() != weight.scalar_type()) {  // autocast's dtype (forward cast x to it)
-      const auto& w = self->weight_in(x2d.scalar_type());
-      y = bias.defined() ? torch::addmm(bias.to(x2d.scalar_type()), x2d, w.t()) : torch::mm(x2d, w.t());
+      y = self->low_precision_linear(x2d);
     } else if (self->native_eligible(x2d)) {
       y = native_linear(x2d, weight, bias);
     } else if (self->kernel_ == GemmKernel::OneDnn) {
@@ -49,7 +48,8 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       if (dy.scalar_type() != self->layer_->weight.scalar_type()) {
-        dx = torch::mm(dy, self->weight_in(dy.scalar_type()));
+        dx = self->native_bf16_eligible(dy) ? native_input_grad_bf16(dy, self->packed_lowp_weight())
+                                            : torch::mm(dy, self->weight_in(dy.scalar_type()));
       } else {
         dx = self->native_eligible(dy) ? native_input_grad(dy, self->packed_weight())
                                        : gemm(dy, self->layer_->weight, self->kernel_);
@@ -91,6 +91,25 @@ const PackedWeight& DeferredLinear::packed_weight() {
   return packed_;
 }
 
+const PackedPairs& DeferredLinear::packed_lowp_weight() {
+  const auto& w = layer_->weight;
+  if (!packed_lowp_.defined() || packed_lowp_version_ != static_cast<int64_t>(w._version()) ||
+      packed_lowp_data_ != w.data_ptr()) {
+    packed_lowp_.pack(weight_in(torch::kBFloat16));
+    packed_lowp_version_ = static_cast<int64_t>(w._version());
+    packed_lowp_data_ = w.data_ptr();
+  }
+  return packed_lowp_;
+}
+
+torch::Tensor DeferredLinear::low_precision_linear(const torch::Tensor& x2d) {
+  const auto& w = weight_in(x2d.scalar_type());
+  const auto& bias = layer_->bias;
+  // The bias stays float32 on the native kernel: added to the float32 sums before the one rounding.
+  if (native_bf16_eligible(x2d)) return native_linear_bf16(x2d, w, bias.defined() ? bias.detach() : bias);
+  return bias.defined() ? torch::addmm(bias.to(x2d.scalar_type()), x2d, w.t()) : torch::mm(x2d, w.t());
+}
+
 const torch::Tensor& DeferredLinear::weight_in(c10::ScalarType dtype) {
   const auto& w = layer_->weight;
   if (!weight_lowp_.defined() || weight_lowp_.scalar_type() != dtype ||
@@ -107,10 +126,18 @@ void DeferredLinear::weights_changed() {
   weight_lowp_version_ = -1;
   weight_t_version_ = -1;
   packed_version_ = -1;
+  packed_lowp_version_ = -1;
 }
 
 void DeferredLinear::prepare_backward() {
   if (native_eligible(layer_->weight)) packed_weight();
+}
+
+bool DeferredLinear::native_bf16_eligible(const torch::Tensor& x) const {
+  const auto& w = layer_->weight;
+  return kernel_ == GemmKernel::Native && x.device().is_cpu() && w.device().is_cpu() &&
+         x.scalar_type() == torch::kBFloat16 && w.scalar_type() == torch::kFloat && x.layout() == torch::kStrided &&
+         native_bf16_available();
 }
 
 bool DeferredLinear::native_eligible(const torch::Tensor& x) const {
@@ -139,11 +166,7 @@ torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = weight.size(0);
   const auto x2d = low ? x.reshape({-1, in}).to(compute) : x.reshape({-1, in});
-  if (low && !torch::GradMode::is_enabled()) {
-    const auto& w = weight_in(compute);
-    torch::Tensor y = bias.defined() ? torch::addmm(bias.to(compute), x2d, w.t()) : torch::mm(x2d, w.t());
-    return y.reshape(out_shape);
-  }
+  if (low && !torch::GradMode::is_enabled()) return low_precision_linear(x2d).reshape(out_shape);
   if (!torch::GradMode::is_enabled()) {
     if (native_eligible(x2d)) return native_linear(x2d, weight, bias).reshape(out_shape);
     torch::Tensor y = kernel_ == GemmKernel::OneDnn ? gemm(x2d, weight_transposed(), kernel_)
@@ -159,10 +182,10 @@ torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
 void DeferredLinear::input_gradient_done(int64_t mb, const torch::Tensor& dy) {
   grads_[mb] = dy;
   auto x = inputs_.find(mb);
-  if (x == inputs_.end() || !native_eligible(dy) || !native_eligible(x->second) || dy.dim() != 2 ||
-      !native_eligible(layer_->weight)) {
-    return;
-  }
+  if (x == inputs_.end() || dy.dim() != 2) return;
+  const bool fp32 = native_eligible(dy) && native_eligible(x->second) && native_eligible(layer_->weight);
+  const bool bf16 = native_bf16_eligible(dy) && native_bf16_eligible(x->second);
+  if (!fp32 && !bf16) return;
   if (std::find(order_.begin(), order_.end(), mb) != order_.end()) return;
   order_.push_back(mb);
   const auto blocks = static_cast<size_t>((layer_->weight.size(0) + kBlockRows - 1) / kBlockRows);
@@ -265,18 +288,30 @@ void DeferredLinear::adopt_gradients() {
 void DeferredLinear::accumulate_block(size_t block, size_t upto) {
   if (done_[block] >= upto) return;
   adopt_gradients();
-  std::vector<const WeightGradOperands*> parts;
-  for (size_t i = done_[block]; i < upto; ++i) {
-    const int64_t mb = order_[i];
-    auto& op = operands_[mb];
-    if (!op) op = std::make_unique<WeightGradOperands>(grads_.at(mb), inputs_.at(mb));
-    parts.push_back(op.get());
-  }
   const int64_t out = layer_->weight.size(0);
   const int64_t begin = static_cast<int64_t>(block) * kBlockRows;
   const int64_t end = std::min(out, begin + kBlockRows);
-  native_weight_grad(dw_.data_ptr<float>(), layer_->bias.defined() ? db_.data_ptr<float>() : nullptr, begin, end,
-                     parts, !started_[block]);
+  float* db = layer_->bias.defined() ? db_.data_ptr<float>() : nullptr;
+  // One precision per step (the engine's); the first queued micro-batch tells which.
+  if (grads_.at(order_[done_[block]]).scalar_type() == torch::kBFloat16) {
+    std::vector<const WeightGradPairs*> parts;
+    for (size_t i = done_[block]; i < upto; ++i) {
+      const int64_t mb = order_[i];
+      auto& op = operands_bf16_[mb];
+      if (!op) op = std::make_unique<WeightGradPairs>(grads_.at(mb), inputs_.at(mb));
+      parts.push_back(op.get());
+    }
+    native_weight_grad_bf16(dw_.data_ptr<float>(), db, begin, end, parts, !started_[block]);
+  } else {
+    std::vector<const WeightGradOperands*> parts;
+    for (size_t i = done_[block]; i < upto; ++i) {
+      const int64_t mb = order_[i];
+      auto& op = operands_[mb];
+      if (!op) op = std::make_unique<WeightGradOperands>(grads_.at(mb), inputs_.at(mb));
+      parts.push_back(op.get());
+    }
+    native_weight_grad(dw_.data_ptr<float>(), db, begin, end, parts, !started_[block]);
+  }
   started_[block] = true;
   done_[block] = upto;
 }
@@ -341,12 +376,14 @@ void DeferredLinear::forget(int64_t mb) {
   inputs_.erase(mb);
   grads_.erase(mb);
   operands_.erase(mb);
+  operands_bf16_.erase(mb);
 }
 
 void DeferredLinear::clear() {
   inputs_.clear();
   grads_.clear();
   operands_.clear();
+  operands_bf16_.clear();
   order_.clear();
   completed_.clear();
   std::fill(done_.begin(), done_.end(), 0);

@@ -6,7 +6,9 @@
 #include <algorithm>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/small_gemm.h"
+#include "pipetrain/runtime/small_gemm_bf16.h"
 #include "support/tolerance.h"
 
 namespace pipetrain::runtime {
@@ -65,6 +67,46 @@ TEST_P(DeferredLinearTest, GradientsEqualAutogradOverMicroBatches) {
   expect_close(fast1->bias.grad(), ref1->bias.grad(), "layer 1 bias");
   expect_close(fast2->weight.grad(), ref2->weight.grad(), "layer 2 weight");
   expect_close(fast2->bias.grad(), ref2->bias.grad(), "layer 2 bias");
+}
+
+// Under bf16 autocast the native kernel takes the bf16 kernels: y and dx are theirs to the bit,
+// and the weight gradient queues in the native accumulator (so it can fill waits) and sums in
+// float32, within the float32 bound of the exact sum of the same bf16 values.
+TEST(DeferredLinearBf16, TakesTheBf16KernelsAndSumsTheWeightGradientInFloat32) {
+  if (!native_bf16_available()) GTEST_SKIP() << "no bf16 kernels here: " << native_gemm_summary();
+  torch::manual_seed(3);
+  torch::nn::Linear layer(64, 48);
+  DeferredLinear d(layer, GemmKernel::Native);
+  const auto w16 = layer->weight.detach().to(torch::kBFloat16);
+  PackedPairs packed;
+  packed.pack(w16);
+  std::vector<torch::Tensor> xs, dys;
+  for (int64_t mb = 0; mb < 3; ++mb) {
+    const auto x = torch::randn({32 + mb, 64});
+    const auto g = torch::randn({32 + mb, 48});
+    auto in = x.clone().requires_grad_();
+    torch::Tensor y;
+    {
+      AutocastScope autocast(torch::kCPU, torch::kBFloat16);
+      y = d.forward(in, mb);
+    }
+    ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+    const auto x16 = x.to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(y.detach(), native_linear_bf16(x16, w16, layer->bias.detach()))) << "forward";
+    y.backward(g.to(torch::kBFloat16));
+    const auto dy16 = g.to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(in.grad(), native_input_grad_bf16(dy16, packed).to(torch::kFloat))) << "input gradient";
+    EXPECT_TRUE(d.has_queued_weight_work()) << "the weight gradient waits in the native accumulator";
+    xs.push_back(x16);
+    dys.push_back(dy16);
+  }
+  d.accumulate_all();
+  EXPECT_TRUE(d.pending().empty());
+  ASSERT_EQ(layer->weight.grad().scalar_type(), torch::kFloat);
+  const auto x = torch::cat(xs).to(torch::kDouble), dy = torch::cat(dys).to(torch::kDouble);
+  EXPECT_TRUE(pipetrain::testing::within_sum_bound(layer->weight.grad(), torch::mm(dy.t(), x),
+                                                   torch::mm(dy.abs().t(), x.abs()), x.size(0)));
+  EXPECT_TRUE(pipetrain::testing::within_sum_bound(layer->bias.grad(), dy.sum(0), dy.abs().sum(0), x.size(0)));
 }
 
 TEST_P(DeferredLinearTest, SequenceInputsAndNoInputGradient) {

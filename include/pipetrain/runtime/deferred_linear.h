@@ -28,6 +28,7 @@
 
 #include "pipetrain/runtime/gemm.h"
 #include "pipetrain/runtime/small_gemm.h"
+#include "pipetrain/runtime/small_gemm_bf16.h"
 
 namespace pipetrain::runtime {
 
@@ -37,7 +38,10 @@ class DeferredLinear {
 
   // y = x W^T + b for x of shape (..., in). With grad mode on, keeps x under `mb` and returns
   // an output whose backward computes dx only and keeps dy under `mb`. Under autocast (bf16 or
-  // fp16 compute) x, W and b are taken in that dtype and the weight gradient of a group of
+  // fp16 compute) x and W are taken in that dtype. In bf16 on the native kernel where the CPU
+  // has AVX512_BF16 (small_gemm_bf16.h) the products are pipetrain's, the bias is added in
+  // float32, and the weight gradient goes through the native accumulator in float32 like a
+  // float32 one; otherwise they are LibTorch's, and the weight gradient of a group of
   // micro-batches is one low-precision product added to the float32 .grad.
   torch::Tensor forward(const torch::Tensor& x, int64_t mb);
 
@@ -83,7 +87,10 @@ class DeferredLinear {
   const PackedWeight& packed_weight();       // W for dx = dy W, refreshed when W changes
   // W in `dtype` (autocast's bf16/fp16 compute), refreshed when W changes.
   const torch::Tensor& weight_in(c10::ScalarType dtype);
+  const PackedPairs& packed_lowp_weight();  // bf16 W for dx = dy W on the bf16 kernel, refreshed when W changes
+  torch::Tensor low_precision_linear(const torch::Tensor& x2d);  // x2d in autocast's dtype
   bool native_eligible(const torch::Tensor& x) const;
+  bool native_bf16_eligible(const torch::Tensor& x) const;  // bf16 x on the native bf16 kernels
   size_t order_end_of(const std::vector<int64_t>& mbs) const;  // position after the last of mbs in order_
   // Backward kept dy of `mb`: it joins the native accumulator's order when the kernel takes it.
   void input_gradient_done(int64_t mb, const torch::Tensor& dy);
@@ -106,12 +113,16 @@ class DeferredLinear {
   PackedWeight packed_;
   int64_t packed_version_ = -1;
   const void* packed_data_ = nullptr;
+  PackedPairs packed_lowp_;
+  int64_t packed_lowp_version_ = -1;
+  const void* packed_lowp_data_ = nullptr;
 
   // The native accumulator.
   std::vector<int64_t> order_;                // micro-batches in the order their backward ran
   std::vector<size_t> done_;                  // per row block: how many of order_ it took in
   std::vector<bool> started_;                 // per row block: holds this step's sum (else fresh)
   std::map<int64_t, std::unique_ptr<WeightGradOperands>> operands_;  // packed once, when first used
+  std::map<int64_t, std::unique_ptr<WeightGradPairs>> operands_bf16_;  // the same on the bf16 kernels
   std::set<int64_t> completed_;               // taken in by every block (so asking again is a no-op)
   torch::Tensor dw_, db_;                     // handed to the parameters as their .grad
 };
