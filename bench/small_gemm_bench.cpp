@@ -317,14 +317,18 @@ void BM_NativeBf16(benchmark::State& state, Product product) {
   auto act = torch::randn({rows, kFeatures}).to(torch::kBFloat16);  // x, or dy
   if (product == Product::kWeightGrad) {
     auto x = torch::randn({rows, kFeatures}).to(torch::kBFloat16);
-    auto dw = torch::zeros({kFeatures, kFeatures});
+    // One gradient per layer: a stage's 8 are 32 MiB, which stream from memory.
+    std::vector<torch::Tensor> dws;
+    for (int64_t j = 0; j < state.range(1); ++j) dws.push_back(torch::zeros({kFeatures, kFeatures}));
+    size_t i = 0;
     for (auto _ : state) {
       std::vector<rt::WeightGradPairs> ops;
       for (int64_t r = 0; r < rows; r += 32) ops.emplace_back(act.slice(0, r, r + 32), x.slice(0, r, r + 32));
       std::vector<const rt::WeightGradPairs*> parts;
       for (const auto& op : ops) parts.push_back(&op);
-      rt::native_weight_grad_bf16(dw.data_ptr<float>(), nullptr, 0, kFeatures, parts, true);
-      benchmark::DoNotOptimize(dw.data_ptr<float>());
+      rt::native_weight_grad_bf16(dws[i].data_ptr<float>(), nullptr, 0, kFeatures, parts, true);
+      benchmark::DoNotOptimize(dws[i].data_ptr<float>());
+      i = (i + 1) % dws.size();
     }
     return report(state, rows);
   }
@@ -401,7 +405,12 @@ BENCHMARK(BM_BlasWeightGrad)->ArgName("rows")->Arg(32)->Arg(192)->Arg(256)->Unit
 
 BENCHMARK_CAPTURE(BM_NativeBf16, Forward, Product::kForward)->Apply(candidate_shapes);
 BENCHMARK_CAPTURE(BM_NativeBf16, InputGrad, Product::kInputGrad)->Apply(candidate_shapes);
-BENCHMARK_CAPTURE(BM_NativeBf16, WeightGrad, Product::kWeightGrad)->Apply(candidate_weight_grad_shapes);
+BENCHMARK_CAPTURE(BM_NativeBf16, WeightGrad, Product::kWeightGrad)
+    ->ArgNames({"rows", "layers", "prep"})
+    ->Args({32, 1, 0})
+    ->Args({256, 1, 0})
+    ->Args({256, 8, 0})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_TorchBf16, Forward, Product::kForward)->Apply(candidate_shapes);
 BENCHMARK_CAPTURE(BM_TorchBf16, InputGrad, Product::kInputGrad)->Apply(candidate_shapes);
 BENCHMARK_CAPTURE(BM_TorchBf16, WeightGrad, Product::kWeightGrad)->Apply(candidate_weight_grad_shapes);

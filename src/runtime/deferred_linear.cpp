@@ -130,14 +130,24 @@ void DeferredLinear::weights_changed() {
 }
 
 void DeferredLinear::prepare_backward() {
-  if (native_eligible(layer_->weight)) packed_weight();
+  // Under bf16 autocast the bf16 kernels' copies of W (row-major for the forward, pairs for the
+  // input gradient) are what backward reads, not the float32 packing.
+  if (autocast_dtype(layer_->weight.device()) == torch::kBFloat16 && bf16_kernels_on()) {
+    packed_lowp_weight();
+  } else if (native_eligible(layer_->weight)) {
+    packed_weight();
+  }
+}
+
+bool DeferredLinear::bf16_kernels_on() const {
+  const auto& w = layer_->weight;
+  return kernel_ == GemmKernel::Native && w.device().is_cpu() && w.scalar_type() == torch::kFloat &&
+         native_bf16_available();
 }
 
 bool DeferredLinear::native_bf16_eligible(const torch::Tensor& x) const {
-  const auto& w = layer_->weight;
-  return kernel_ == GemmKernel::Native && x.device().is_cpu() && w.device().is_cpu() &&
-         x.scalar_type() == torch::kBFloat16 && w.scalar_type() == torch::kFloat && x.layout() == torch::kStrided &&
-         native_bf16_available();
+  return x.device().is_cpu() && x.scalar_type() == torch::kBFloat16 && x.layout() == torch::kStrided &&
+         bf16_kernels_on();
 }
 
 bool DeferredLinear::native_eligible(const torch::Tensor& x) const {

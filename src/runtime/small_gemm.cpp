@@ -37,7 +37,7 @@ struct Tiles {
   void (*tile)(int rows, int64_t k_len, const float* a, int64_t lda, const float* bp, float* out, Next next);
   // dW rows [r0, r0 + rows), columns [col0, col0 + cols) of panel `panel` (cols: how many are real)
   void (*weight_tile)(int rows, const WeightGradOperands* const* parts, size_t num_parts, int64_t r0, int64_t panel,
-                      int64_t col0, float* dw, int64_t ldd, int64_t cols, bool fresh);
+                      int64_t col0, float* dw, int64_t ldd, int64_t cols, bool fresh, const float* next_dw);
 };
 
 #ifdef PIPETRAIN_HAVE_NATIVE_KERNELS
@@ -402,8 +402,13 @@ void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
         for (int64_t r0 = r_begin; r0 < r_end;) {
           const int64_t panel_end = std::min(r_end, (r0 / kPanel + 1) * kPanel);
           const int rows = static_cast<int>(std::min<int64_t>(kern.rows, panel_end - r0));
+          // The next tile: the rows below, else the top of the next columns (this panel's or the next's).
+          const bool more_columns = c0 + kern.cols < cols || p + 1 < end;
+          const float* next = r0 + rows < r_end ? dw + (r0 + rows) * in + col0 + c0
+                              : more_columns    ? dw + r_begin * in + col0 + c0 + kern.cols
+                                                : nullptr;
           kern.weight_tile(rows, parts.data(), parts.size(), r0, p, c0, dw + r0 * in + col0 + c0, in, cols - c0,
-                           fresh);
+                           fresh, next);
           r0 += rows;
         }
       }

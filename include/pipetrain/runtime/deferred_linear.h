@@ -75,8 +75,9 @@ class DeferredLinear {
   // through .data()), so the cached W^T (oneDNN) and packed W (native) must be rebuilt. Call
   // after a step.
   void weights_changed();
-  // Builds what backward needs from the current weights (the native kernel's packed W) now,
-  // rather than in the first backward of the step: the engine calls it while it waits.
+  // Builds what backward needs from the current weights (the native kernel's packed W, or under
+  // bf16 autocast the bf16 kernels' two copies) now, rather than in the step's first forward or
+  // backward: the engine calls it while it waits.
   void prepare_backward();
 
   const torch::nn::Linear& layer() const { return layer_; }
@@ -91,6 +92,7 @@ class DeferredLinear {
   torch::Tensor low_precision_linear(const torch::Tensor& x2d);  // x2d in autocast's dtype
   bool native_eligible(const torch::Tensor& x) const;
   bool native_bf16_eligible(const torch::Tensor& x) const;  // bf16 x on the native bf16 kernels
+  bool bf16_kernels_on() const;                             // this layer's bf16 inputs would take them
   size_t order_end_of(const std::vector<int64_t>& mbs) const;  // position after the last of mbs in order_
   // Backward kept dy of `mb`: it joins the native accumulator's order when the kernel takes it.
   void input_gradient_done(int64_t mb, const torch::Tensor& dy);
