@@ -155,9 +155,10 @@ std::string what_of(const std::exception& e) {
 
 }  // namespace
 
-C10dChannel::C10dChannel(ProcessGroupPtr pg, int rank, int world_size,
+C10dChannel::C10dChannel(ProcessGroupPtr up, ProcessGroupPtr down, int rank, int world_size,
                          CommOptions options, std::shared_ptr<FaultState> faults)
-    : pg_(std::move(pg)),
+    : up_(std::move(up)),
+      down_(std::move(down)),
       rank_(rank),
       world_size_(world_size),
       options_(std::move(options)),
@@ -185,7 +186,10 @@ void C10dChannel::close() {
   }
   // Gloo may still write into posted receive buffers, or a lost peer may keep a worker
   // blocked: after a failure the process group is abandoned rather than torn down.
-  if (failed) (void)pg_.release();
+  if (failed) {
+    (void)up_.release();
+    (void)down_.release();
+  }
 }
 
 int C10dChannel::tag(uint32_t code, int src, int dst, size_t slot) const {
@@ -267,7 +271,7 @@ SendHandle C10dChannel::isend(int dst, Stream stream, const Batch& batch, const 
 
   auto post = [&](const torch::Tensor& t, size_t slot) {
     std::vector<at::Tensor> one{t};
-    p->works.push_back(pg_->send(one, dst, tag(code, rank_, dst, slot)));
+    p->works.push_back(pg_for(rank_, dst)->send(one, dst, tag(code, rank_, dst, slot)));
     p->keep.push_back(t);
   };
   try {
@@ -318,7 +322,7 @@ RecvHandle C10dChannel::irecv(int src, Stream stream, const std::string& what) {
   auto& slot = recv_streams_[{src, code}];
   if (!slot) {
     slot = std::make_unique<RecvStream>(
-        pg_, rank_, src, code, [this, code, src](size_t s) { return tag(code, src, rank_, s); }, options_, faults_,
+        pg_for(src, rank_), rank_, src, code, [this, code, src](size_t s) { return tag(code, src, rank_, s); }, options_, faults_,
         [this](std::exception_ptr e) { mark_broken(e); });
   }
   std::shared_ptr<PendingRecv> p;

@@ -39,7 +39,8 @@ namespace pipetrain::comm::detail {
 
 class C10dChannel final : public Channel, public std::enable_shared_from_this<C10dChannel> {
  public:
-  C10dChannel(ProcessGroupPtr pg, int rank, int world_size,
+  // `up` carries the messages from a lower rank to a higher one, `down` the others (see pg_for).
+  C10dChannel(ProcessGroupPtr up, ProcessGroupPtr down, int rank, int world_size,
               CommOptions options, std::shared_ptr<FaultState> faults);
   ~C10dChannel() override;
 
@@ -68,7 +69,13 @@ class C10dChannel final : public Channel, public std::enable_shared_from_this<C1
   void mark_broken(std::exception_ptr error);
   Completer& completer(int dst);
 
-  ProcessGroupPtr pg_;
+  // One process group per direction: Gloo sends from the calling thread under the pair's lock,
+  // which the process's Gloo thread holds while it reads an arriving message. With one group, a
+  // stage sending an activation waited for its Gloo thread to finish reading the gradient that
+  // came the other way, and on a busy core that thread may wait a whole scheduler slice (5 ms
+  // stalls in about one send per step). Two groups give each direction its own pair and lock.
+  const ProcessGroupPtr& pg_for(int src, int dst) const { return src < dst ? up_ : down_; }
+  ProcessGroupPtr up_, down_;
   int rank_;
   int world_size_;
   CommOptions options_;

@@ -95,10 +95,11 @@ class C10dCommunicator final : public Communicator {
     std::vector<int> all(static_cast<size_t>(info.world_size));
     for (int r = 0; r < info.world_size; ++r) all[static_cast<size_t>(r)] = r;
     if (info.world_size > 1) {
-      auto pg = make_pg("p2p", all, info.rank, p2p_device_);
-      channel_ = std::make_shared<C10dChannel>(pg, info.rank, info.world_size, options_, faults_);
+      auto up = make_pg("p2p", all, info.rank, p2p_device_);
+      auto down = make_pg("p2p-down", all, info.rank, p2p_device_);
+      channel_ = std::make_shared<C10dChannel>(up, down, info.rank, info.world_size, options_, faults_);
     } else {
-      channel_ = std::make_shared<C10dChannel>(ProcessGroupPtr(), 0, 1, options_, faults_);
+      channel_ = std::make_shared<C10dChannel>(ProcessGroupPtr(), ProcessGroupPtr(), 0, 1, options_, faults_);
     }
     world_ = new_group({"world", all});
     util::set_log_rank(info.rank);
