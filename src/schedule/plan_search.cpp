@@ -104,6 +104,10 @@ Plan evaluate_plan(const PlanSearchOptions& o, ScheduleKind kind, int P, int M, 
     for (const TimedAction& t : r.timeline[static_cast<size_t>(j)])
       if (!is_step(t.action.op)) end = std::max(end, t.end);
     for (const TimedEvent& e : r.fills[static_cast<size_t>(j)]) end = std::max(end, e.end);
+    if (o.stream_bytes_per_s > 0) {
+      const double streamed = (4.0 + 2.0 * o.optimizer_state_factor) * grad_bytes[static_cast<size_t>(j)];
+      optimizer[static_cast<size_t>(j)] = std::max(optimizer[static_cast<size_t>(j)], streamed / o.stream_bytes_per_s);
+    }
     const double allreduce =
         R > 1 ? o.link.latency_s + 2.0 * (R - 1) / R * grad_bytes[static_cast<size_t>(j)] / o.link.allreduce_bytes_per_s : 0.0;
     step = std::max(step, end + optimizer[static_cast<size_t>(j)] + allreduce);

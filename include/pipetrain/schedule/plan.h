@@ -11,6 +11,12 @@
 //                 posting a send keeps the sender link.send_s
 //   pipeline      simulate() of the schedule as the engine runs it (weight gradients deferred,
 //                 waits filled when the engine accumulates natively): stage j ends at end_j
+//   optimizer     per stage, the profiled steps of its layers (each timed alone, its tensors in
+//                 cache), but no less than the bytes the step streams over stream_bytes_per_s:
+//                 gradients read for the norm and again by the update, parameters read and
+//                 written, optimizer state read and written ((4 + 2 * optimizer_state_factor)
+//                 x parameter bytes); a stage's parameters rarely fit in cache beside its
+//                 gradients
 //   step          max_j (end_j + optimizer_j + allreduce_j) + step_overhead_s, where a data-
 //                 parallel all-reduce of stage j's gradients costs
 //                 link.latency_s + 2 (R-1)/R * grad bytes / link.allreduce_bytes_per_s
@@ -62,6 +68,9 @@ struct PlanSearchOptions {
   double optimizer_state_factor = 0;  // optimizer bytes per parameter byte (memory.h)
   LinkModel link;
   double step_overhead_s = 0;         // per step, outside the pipeline (loss all-reduce, barrier)
+  // Bytes per second an optimizer step streams through memory with the other ranks at work
+  // (read a, read b, write a counts 3 bytes per element byte); 0: the profiled steps alone.
+  double stream_bytes_per_s = 0;
   bool fill_waits = false;            // the engine accumulates weight gradients natively
   bool defer_weights = true;          // the engine's Linear fast path (defer_weight_gradients)
   // Data-parallel replicas all-reduce gradients in buckets of this size; the memory model

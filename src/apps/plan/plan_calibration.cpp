@@ -3,9 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "pipetrain/error.h"
 
@@ -35,6 +40,25 @@ Calibration calibration() {
   if (c.link.bytes_per_s <= 0 || c.link.allreduce_bytes_per_s <= 0)
     throw ConfigError("PIPETRAIN_PLAN_BANDWIDTH_MBS and PIPETRAIN_PLAN_ALLREDUCE_MBS must be > 0");
   return c;
+}
+
+double stream_bytes_per_s() {
+  const double set = env_number("PIPETRAIN_PLAN_STREAM_MBS", 0);
+  if (set > 0) return set * 1e6;
+  torch::NoGradGuard no_grad;
+  // Twice this machine's 32 MiB L3 each, so every pass comes from memory as a stage's does.
+  const int64_t n = 16 << 20;
+  auto a = torch::ones({n});
+  auto b = torch::ones({n});
+  a.add_(b, -1e-9f);  // first touch outside the timing
+  std::vector<double> seconds;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    a.add_(b, -1e-9f);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
+  return 3.0 * static_cast<double>(n) * sizeof(float) / seconds[2];
 }
 
 }  // namespace pipetrain::apps

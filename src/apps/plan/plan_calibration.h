@@ -8,6 +8,8 @@
 //   PIPETRAIN_PLAN_ALLREDUCE_MBS  a gradient all-reduce's bus bandwidth between replicas, MB/s
 //   PIPETRAIN_PLAN_OVERHEAD_MS  per step, outside the pipeline (loss/norm all-reduce, barrier)
 //   PIPETRAIN_PLAN_COMPUTE_SCALE  engine compute time / profiled compute time
+//   PIPETRAIN_PLAN_STREAM_MBS   an optimizer step's bytes through memory per second (default:
+//                               measured by `plan` beside the other ranks' work)
 #pragma once
 
 #include "pipetrain/schedule/plan.h"
@@ -23,5 +25,10 @@ struct Calibration {
 // The constants measured here, with any environment override applied (ConfigError for a
 // malformed value).
 Calibration calibration();
+
+// Bytes per second an SGD-like update (a += s * b over tensors larger than this machine's
+// caches: 3 bytes through memory per byte of a) streams on this thread now; or
+// PIPETRAIN_PLAN_STREAM_MBS when set. Median of a few passes over 2 x 64 MiB.
+double stream_bytes_per_s();
 
 }  // namespace pipetrain::apps

@@ -141,6 +141,8 @@ int run_plan(const PlanArgs& a) {
       });
     }
     const auto profile = runtime::profile_layers(subject.module.layers, subject.micro_batches.front().inputs, po);
+    // The optimizer step's memory traffic, measured beside the same work as the layers.
+    if (o.stream_bytes_per_s == 0) o.stream_bytes_per_s = stream_bytes_per_s();
     others.reset();
     o.fill_waits = profile.accumulates_natively;
     if (a.show_profile) {
@@ -183,8 +185,9 @@ int run_plan(const PlanArgs& a) {
                              a.workload.empty() ? a.example : a.workload, o.costs.begin()->second.forward.size(),
                              shape.rows, processes, cores, optimizer,
                              a.max_memory_mb > 0 ? fmt::format(", memory cap {:.0f} MiB", a.max_memory_mb) : "");
-    std::cout << fmt::format("searched {} layouts that fit in {:.2f} s ({:.2f} s profiling)\n", plans.size(), search_s,
-                             profile_s);
+    std::cout << fmt::format("searched {} layouts that fit in {:.2f} s ({:.2f} s profiling; optimizer steps stream "
+                             "{:.1f} GB/s)\n",
+                             plans.size(), search_s, profile_s, o.stream_bytes_per_s / 1e9);
     std::cout << fmt::format("plan: {}\n  predicted {:.1f} samples/s (step {:.1f} ms, bubble {:.1f}%), peak memory "
                              "{:.1f} MiB per stage [{}]\n",
                              describe(plans.front()), best.predicted_samples_per_s, best.predicted_step_ms,
