@@ -106,7 +106,7 @@ torch::Tensor DeferredLinear::low_precision_linear(const torch::Tensor& x2d) {
   const auto& w = weight_in(x2d.scalar_type());
   const auto& bias = layer_->bias;
   // The bias stays float32 on the native kernel: added to the float32 sums before the one rounding.
-  if (native_bf16_eligible(x2d)) return native_linear_bf16(x2d, w, bias.defined() ? bias.detach() : bias);
+  if (native_bf16_eligible(x2d)) return native_linear_bf16(x2d, w, bias);
   return bias.defined() ? torch::addmm(bias.to(x2d.scalar_type()), x2d, w.t()) : torch::mm(x2d, w.t());
 }
 
@@ -295,6 +295,19 @@ void DeferredLinear::adopt_gradients() {
   if (bias.defined()) bias.mutable_grad() = db_;
 }
 
+template <typename Operands>
+std::vector<const Operands*> DeferredLinear::parts(std::map<int64_t, std::unique_ptr<Operands>>& operands, size_t from,
+                                                   size_t upto) {
+  std::vector<const Operands*> out;
+  for (size_t i = from; i < upto; ++i) {
+    const int64_t mb = order_[i];
+    auto& op = operands[mb];
+    if (!op) op = std::make_unique<Operands>(grads_.at(mb), inputs_.at(mb));
+    out.push_back(op.get());
+  }
+  return out;
+}
+
 void DeferredLinear::accumulate_block(size_t block, size_t upto) {
   if (done_[block] >= upto) return;
   adopt_gradients();
@@ -304,23 +317,10 @@ void DeferredLinear::accumulate_block(size_t block, size_t upto) {
   float* db = layer_->bias.defined() ? db_.data_ptr<float>() : nullptr;
   // One precision per step (the engine's); the first queued micro-batch tells which.
   if (grads_.at(order_[done_[block]]).scalar_type() == torch::kBFloat16) {
-    std::vector<const WeightGradPairs*> parts;
-    for (size_t i = done_[block]; i < upto; ++i) {
-      const int64_t mb = order_[i];
-      auto& op = operands_bf16_[mb];
-      if (!op) op = std::make_unique<WeightGradPairs>(grads_.at(mb), inputs_.at(mb));
-      parts.push_back(op.get());
-    }
-    native_weight_grad_bf16(dw_.data_ptr<float>(), db, begin, end, parts, !started_[block]);
+    native_weight_grad_bf16(dw_.data_ptr<float>(), db, begin, end, parts(operands_bf16_, done_[block], upto),
+                            !started_[block]);
   } else {
-    std::vector<const WeightGradOperands*> parts;
-    for (size_t i = done_[block]; i < upto; ++i) {
-      const int64_t mb = order_[i];
-      auto& op = operands_[mb];
-      if (!op) op = std::make_unique<WeightGradOperands>(grads_.at(mb), inputs_.at(mb));
-      parts.push_back(op.get());
-    }
-    native_weight_grad(dw_.data_ptr<float>(), db, begin, end, parts, !started_[block]);
+    native_weight_grad(dw_.data_ptr<float>(), db, begin, end, parts(operands_, done_[block], upto), !started_[block]);
   }
   started_[block] = true;
   done_[block] = upto;

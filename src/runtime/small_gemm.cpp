@@ -10,6 +10,7 @@
 #include <string>
 
 #include "pipetrain/error.h"
+#include "small_gemm_checks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -163,24 +164,12 @@ void require_native(const char* who) {
                     "; choose the kernel with parse_gemm_kernel(\"auto\") or use GemmKernel::Blas / OneDnn");
 }
 
-std::string sizes_of(const torch::Tensor& t) {
-  if (!t.defined()) return "undefined";
-  std::string out = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
-  return out + "]";
-}
-
 // The kernels read raw float32 memory of CPU tensors; anything else is refused by name.
 void require_float_cpu(const char* who, const char* name, const torch::Tensor& t, int64_t dims) {
-  if (!t.defined() || t.dim() != dims || !t.device().is_cpu() || t.scalar_type() != torch::kFloat ||
-      t.layout() != torch::kStrided) {
-    throw BatchError(std::string(who) + ": " + name + " must be a dense float32 CPU tensor of " + std::to_string(dims) +
-                     " dimension(s), got " +
-                     (t.defined() ? std::string(c10::toString(t.scalar_type())) + " " + t.device().str() + " " +
-                                        sizes_of(t)
-                                  : std::string("an undefined tensor")));
-  }
+  detail::require_dense_cpu(who, name, t, dims, torch::kFloat, "float32");
 }
+
+using detail::sizes_of;
 
 }  // namespace
 
@@ -374,22 +363,8 @@ void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
                         const std::vector<const WeightGradOperands*>& parts, bool fresh) {
   if (parts.empty()) return;
   require_native("native_weight_grad");
-  if (!dw) throw UsageError("native_weight_grad: dw is null; pass the out x in gradient buffer");
-  for (const auto* part : parts) {
-    if (!part) throw UsageError("native_weight_grad: a null part; pass one WeightGradOperands per micro-batch");
-  }
+  detail::check_weight_grad_call("native_weight_grad", "WeightGradOperands", dw, parts, r_begin, r_end);
   const int64_t out = parts.front()->out_features(), in = parts.front()->in_features();
-  for (const auto* part : parts) {
-    if (part->out_features() != out || part->in_features() != in) {
-      throw BatchError("native_weight_grad: parts of shapes " + std::to_string(part->out_features()) + "x" +
-                       std::to_string(part->in_features()) + " and " + std::to_string(out) + "x" +
-                       std::to_string(in) + " accumulate into one gradient; give every part the layer's shape");
-    }
-  }
-  if (!(0 <= r_begin && r_begin <= r_end && r_end <= out)) {
-    throw BatchError("native_weight_grad: rows [" + std::to_string(r_begin) + ", " + std::to_string(r_end) +
-                     ") lie outside the gradient's 0.." + std::to_string(out));
-  }
   const int64_t panels = (in + kPanel - 1) / kPanel;
   const Tiles& kern = tiles_in_use();
   // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.

@@ -9,6 +9,7 @@
 
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/small_gemm.h"
+#include "small_gemm_checks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -165,18 +166,11 @@ float to_float(uint16_t b) {
   return f;
 }
 
-std::string describe(const torch::Tensor& t) {
-  if (!t.defined()) return "an undefined tensor";
-  return std::string(c10::toString(t.scalar_type())) + " " + t.device().str() + " " + c10::str(t.sizes());
+void require(const char* who, const char* name, const torch::Tensor& t, int64_t dims, c10::ScalarType dtype) {
+  detail::require_dense_cpu(who, name, t, dims, dtype, dtype == torch::kFloat ? "float32" : "bfloat16");
 }
 
-void require(const char* who, const char* name, const torch::Tensor& t, int64_t dims, c10::ScalarType dtype) {
-  if (!t.defined() || t.dim() != dims || !t.device().is_cpu() || t.scalar_type() != dtype ||
-      t.layout() != torch::kStrided) {
-    throw BatchError(std::string(who) + ": " + name + " must be a dense " + c10::toString(dtype) + " CPU tensor of " +
-                     std::to_string(dims) + " dimension(s), got " + describe(t));
-  }
-}
+using detail::sizes_of;
 
 bool cpu_has_bf16() {
 #ifdef PIPETRAIN_HAVE_BF16_KERNELS
@@ -270,8 +264,8 @@ torch::Tensor native_linear_bf16(const torch::Tensor& x_in, const torch::Tensor&
   require("native_linear_bf16", "weight", weight_in, 2, torch::kBFloat16);
   if (bias_in.defined()) require("native_linear_bf16", "bias", bias_in, 1, torch::kFloat);
   if (x_in.size(1) != weight_in.size(1) || (bias_in.defined() && bias_in.size(0) != weight_in.size(0))) {
-    throw BatchError("native_linear_bf16: x " + describe(x_in) + ", weight " + describe(weight_in) + " and bias " +
-                     describe(bias_in) + " do not fit y = x W^T + b (x: M x in, W: out x in, b: out)");
+    throw BatchError("native_linear_bf16: x " + sizes_of(x_in) + ", weight " + sizes_of(weight_in) + " and bias " +
+                     sizes_of(bias_in) + " do not fit y = x W^T + b (x: M x in, W: out x in, b: out)");
   }
   const auto x = x_in.contiguous();
   const auto weight = weight_in.contiguous();
@@ -313,7 +307,7 @@ torch::Tensor native_input_grad_bf16(const torch::Tensor& dy_in, const PackedPai
   require_bf16_kernels("native_input_grad_bf16");
   require("native_input_grad_bf16", "dy", dy_in, 2, torch::kBFloat16);
   if (!weight.defined() || dy_in.size(1) != weight.rows()) {
-    throw BatchError("native_input_grad_bf16: dy " + describe(dy_in) + " needs a packed weight with " +
+    throw BatchError("native_input_grad_bf16: dy " + sizes_of(dy_in) + " needs a packed weight with " +
                      std::to_string(dy_in.size(1)) + " output features (rows), got " +
                      (weight.defined() ? std::to_string(weight.rows()) : std::string("an empty PackedPairs")));
   }
@@ -348,7 +342,7 @@ WeightGradPairs::WeightGradPairs(const torch::Tensor& dy_in, const torch::Tensor
   require("WeightGradPairs", "dy", dy_in, 2, torch::kBFloat16);
   require("WeightGradPairs", "x", x_in, 2, torch::kBFloat16);
   if (dy_in.size(0) != x_in.size(0)) {
-    throw BatchError("WeightGradPairs: dy " + describe(dy_in) + " and x " + describe(x_in) +
+    throw BatchError("WeightGradPairs: dy " + sizes_of(dy_in) + " and x " + sizes_of(x_in) +
                      " must have the same rows (one per sample of the micro-batch)");
   }
   dy_ = dy_in.contiguous();
@@ -364,22 +358,8 @@ void native_weight_grad_bf16(float* dw, float* db, int64_t r_begin, int64_t r_en
                              const std::vector<const WeightGradPairs*>& parts, bool fresh) {
   if (parts.empty()) return;
   require_bf16_kernels("native_weight_grad_bf16");
-  if (!dw) throw UsageError("native_weight_grad_bf16: dw is null; pass the out x in float32 gradient buffer");
-  for (const auto* part : parts) {
-    if (!part) throw UsageError("native_weight_grad_bf16: a null part; pass one WeightGradPairs per micro-batch");
-  }
+  detail::check_weight_grad_call("native_weight_grad_bf16", "WeightGradPairs", dw, parts, r_begin, r_end);
   const int64_t out = parts.front()->out_features(), in = parts.front()->in_features();
-  for (const auto* part : parts) {
-    if (part->out_features() != out || part->in_features() != in) {
-      throw BatchError("native_weight_grad_bf16: parts of shapes " + std::to_string(part->out_features()) + "x" +
-                       std::to_string(part->in_features()) + " and " + std::to_string(out) + "x" +
-                       std::to_string(in) + " accumulate into one gradient; give every part the layer's shape");
-    }
-  }
-  if (!(0 <= r_begin && r_begin <= r_end && r_end <= out)) {
-    throw BatchError("native_weight_grad_bf16: rows [" + std::to_string(r_begin) + ", " + std::to_string(r_end) +
-                     ") lie outside the gradient's 0.." + std::to_string(out));
-  }
 #ifdef PIPETRAIN_HAVE_BF16_KERNELS
   const int64_t panels = (in + kPanel - 1) / kPanel;
   // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.

@@ -98,6 +98,9 @@ class DeferredLinear {
   void input_gradient_done(int64_t mb, const torch::Tensor& dy);
   void group_product(const std::vector<int64_t>& mbs);  // the one-product path
   void accumulate_block(size_t block, size_t upto);     // block takes in order_[done_[block]..upto)
+  // The packed operands of order_[from..upto), packed on first use and kept in `operands`.
+  template <typename Operands>
+  std::vector<const Operands*> parts(std::map<int64_t, std::unique_ptr<Operands>>& operands, size_t from, size_t upto);
   void adopt_gradients();                               // the accumulators are the parameters' .grad
   void drop_completed();                                // forgets what every block has taken in
   void forget(int64_t mb);
