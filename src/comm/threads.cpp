@@ -4,8 +4,13 @@
 #include <dlfcn.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include <ATen/Parallel.h>
 
@@ -64,6 +69,60 @@ ThreadPlan configure_threads(int requested, int local_world_size) {
   const ThreadPlan plan = plan_threads(requested, process_env(), local_world_size, available_cores());
   apply_threads(plan.threads);
   return plan;
+}
+
+const std::vector<int>& process_cpus() {
+  static const std::vector<int> cpus = [] {
+    std::vector<int> out;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) out.push_back(c);
+    }
+    return out;
+  }();
+  return cpus;
+}
+
+std::vector<int> plan_core_binding(const std::string& mode, const std::vector<int>& cpus, int local_rank,
+                                   int local_world_size, int threads) {
+  if (mode != "auto" && mode != "on" && mode != "off")
+    throw ConfigError("bind_cores is \"" + mode + "\"; expected auto, on or off");
+  if (local_rank < 0 || local_rank >= local_world_size)
+    throw ConfigError(fmt::format("local rank {} is outside [0, {}) local ranks", local_rank, local_world_size));
+  if (mode == "off") return {};
+  const int64_t need = static_cast<int64_t>(local_world_size) * std::max(threads, 1);
+  if (need > static_cast<int64_t>(cpus.size())) {
+    if (mode == "auto") return {};
+    throw ConfigError(fmt::format(
+        "bind_cores \"on\": {} local ranks x {} threads need {} CPUs, this process may use {}; "
+        "start fewer ranks or threads per rank, or set bind_cores to auto or off",
+        local_world_size, threads, need, cpus.size()));
+  }
+  const auto first = cpus.begin() + static_cast<std::ptrdiff_t>(local_rank) * std::max(threads, 1);
+  return {first, first + std::max(threads, 1)};
+}
+
+namespace {
+
+bool set_affinity(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int c : cpus) CPU_SET(c, &set);
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
+}
+
+}  // namespace
+
+void bind_this_thread(const std::vector<int>& cpus) {
+  (void)process_cpus();  // read before the first binding changes it
+  if (cpus.empty() || set_affinity(cpus)) return;
+  const int error = errno;
+  std::string list;
+  for (const int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+  throw CommError(fmt::format("cannot bind this thread to CPUs {}: {}; set bind_cores to off",
+                              list, std::strerror(error)));
 }
 
 }  // namespace pipetrain::comm

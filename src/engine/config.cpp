@@ -91,6 +91,7 @@ PipelineConfig read_pipeline(ObjectReader& reader) {
   p.on_nonfinite_loss = reader.string("on_nonfinite_loss", p.on_nonfinite_loss, {"error", "skip"});
   p.deferred_linear = reader.boolean("deferred_linear", p.deferred_linear);
   p.gemm_kernel = reader.string("gemm_kernel", p.gemm_kernel, {"auto", "native", "onednn", "blas"});
+  p.bind_cores = reader.string("bind_cores", p.bind_cores, {"auto", "on", "off"});
   p.device = reader.string("device", p.device);
   {
     const auto& d = p.device;
@@ -380,7 +381,8 @@ std::string EngineConfig::to_json_text() const {
             {"on_nonfinite_loss", pipeline.on_nonfinite_loss},
             {"deferred_linear", pipeline.deferred_linear},
             {"gemm_kernel", pipeline.gemm_kernel},
-            {"device", pipeline.device}};
+            {"device", pipeline.device},
+            {"bind_cores", pipeline.bind_cores}};
   if (!pipeline.balance.empty()) p["balance"] = pipeline.balance;
   if (!pipeline.schedule_csv.empty()) p["schedule_csv"] = pipeline.schedule_csv;
   j["pipeline"] = p;

@@ -1,5 +1,8 @@
 // Rendezvous parsing for torchrun, OpenMPI and Slurm environments, Slurm host lists, threads.
 #include <gtest/gtest.h>
+#include <sched.h>
+
+#include <thread>
 
 #include "pipetrain/comm/rank_info.h"
 #include "pipetrain/comm/slurm_hostlist.h"
@@ -262,6 +265,56 @@ TEST(Threads, PlanAndApply) {
     apply_threads(before);
     EXPECT_THROW(apply_threads(0), ConfigError);
     EXPECT_GE(available_cores(), 1);
+  }
+}
+
+TEST(Threads, CoreBindingPlanAndApply) {
+  {  // Plan: consecutive CPUs of the allowed ones per local rank, in rank order
+    const std::vector<int> cpus{2, 3, 6, 7};
+    EXPECT_EQ(plan_core_binding("auto", cpus, 0, 2, 1), std::vector<int>({2}));
+    EXPECT_EQ(plan_core_binding("auto", cpus, 1, 2, 1), std::vector<int>({3}));
+    EXPECT_EQ(plan_core_binding("on", cpus, 1, 2, 2), std::vector<int>({6, 7}));
+    EXPECT_EQ(plan_core_binding("auto", cpus, 3, 4, 1), std::vector<int>({7}));
+    EXPECT_TRUE(plan_core_binding("off", cpus, 0, 2, 1).empty());
+    // More ranks x threads than CPUs: auto leaves them to the scheduler, on refuses.
+    EXPECT_TRUE(plan_core_binding("auto", cpus, 0, 4, 2).empty());
+    EXPECT_TRUE(plan_core_binding("auto", {0, 1}, 2, 4, 1).empty());
+    try {
+      plan_core_binding("on", {0, 1}, 0, 4, 1);
+      ADD_FAILURE() << "expected a ConfigError";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("4 local ranks x 1 threads need 4 CPUs, this process may use 2"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(plan_core_binding("yes", cpus, 0, 2, 1), ConfigError);
+    EXPECT_THROW(plan_core_binding("auto", cpus, 2, 2, 1), ConfigError);
+  }
+  {  // Apply: the thread and the threads it starts stay on the CPUs; the process keeps its set
+    const std::vector<int> all = process_cpus();
+    ASSERT_FALSE(all.empty());
+    std::vector<int> seen, seen_by_child;
+    auto affinity = [] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      std::vector<int> out;
+      if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+          if (CPU_ISSET(c, &set)) out.push_back(c);
+      return out;
+    };
+    std::thread([&] {
+      bind_this_thread({all.back()});
+      seen = affinity();
+      std::thread([&] { seen_by_child = affinity(); }).join();
+      bind_this_thread({});  // no change
+      EXPECT_EQ(affinity(), std::vector<int>({all.back()}));
+    }).join();
+    EXPECT_EQ(seen, std::vector<int>({all.back()}));
+    EXPECT_EQ(seen_by_child, std::vector<int>({all.back()}));
+    EXPECT_EQ(affinity(), all);  // this thread was not touched
+    EXPECT_EQ(process_cpus(), all);
+    EXPECT_THROW(bind_this_thread({CPU_SETSIZE - 1}), CommError);  // no such CPU here
   }
 }
 

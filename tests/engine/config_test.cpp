@@ -26,7 +26,7 @@ TEST(EngineConfig, ReadsDeepSpeedKeys) {
     "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.8, 0.9], "weight_decay": 0.1}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001, "warmup_num_steps": 10}},
     "pipeline": {"activation_checkpoint_interval": 2, "schedule": "zb-h1", "partition_method": "type:Linear",
-                 "comm_timeout_s": 5, "on_nonfinite_loss": "skip", "device": "cuda:1"}})");
+                 "comm_timeout_s": 5, "on_nonfinite_loss": "skip", "device": "cuda:1", "bind_cores": "off"}})");
   EXPECT_EQ(c.train_batch_size, 256);
   EXPECT_EQ(c.gradient_accumulation_steps, 8);
   EXPECT_EQ(c.steps_per_print, 5);
@@ -41,6 +41,8 @@ TEST(EngineConfig, ReadsDeepSpeedKeys) {
   EXPECT_EQ(c.pipeline.on_nonfinite_loss, "skip");
   EXPECT_EQ(c.pipeline.device, "cuda:1");
   EXPECT_EQ(EngineConfig::from_json_text("{}").pipeline.device, "auto");
+  EXPECT_EQ(c.pipeline.bind_cores, "off");
+  EXPECT_EQ(EngineConfig::from_json_text("{}").pipeline.bind_cores, "auto");
   c.resolve_batch_sizes(1);
   // The document it writes reads back to the same settings.
   auto again = EngineConfig::from_json_text(c.to_json_text());
@@ -71,6 +73,7 @@ TEST(EngineConfig, WrongTypesAndValuesAreNamed) {
     EXPECT_NE(e.find("pipeline.device"), std::string::npos) << e;
     EXPECT_NE(e.find("expected auto, cpu, cuda or cuda:N"), std::string::npos) << e;
   }
+  EXPECT_NE(error_of(R"({"pipeline": {"bind_cores": "yes"}})").find("pipeline.bind_cores"), std::string::npos);
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(error_of("[1, 2]").find("must be a JSON object"), std::string::npos);
 }

@@ -2,11 +2,16 @@
 // torchrun variables (as `pipetrain launch` and torchrun set them) and under mpirun. Each rank
 // checks its own parameters against the one-process reference after a few steps.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <map>
 
 #include "engine/engine_models.h"
 #include "engine/engine_oracle.h"
+#include "pipetrain/comm/rank_info.h"
+#include "pipetrain/comm/threads.h"
 #include "support/ranks.h"
 
 namespace pipetrain::testing {
@@ -15,6 +20,35 @@ namespace {
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v ? v : fallback;
+}
+
+// The CPUs each thread of this process may run on, by thread id.
+std::map<int, std::vector<int>> thread_cpus() {
+  std::map<int, std::vector<int>> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    const int tid = std::stoi(e.path().filename().string());
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(tid, sizeof(set), &set) != 0) continue;  // it ended meanwhile
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out[tid].push_back(c);
+  }
+  return out;
+}
+
+// pipeline.bind_cores "auto" (the default): where the local ranks fit the CPUs, every thread
+// of a rank (its own, Gloo's) runs on the rank's CPU; where they do not, anywhere.
+void expect_bound_by_default(const comm::Communicator& comm) {
+  const auto info = comm::rank_info_from_env();
+  const std::vector<int>& all = comm::process_cpus();
+  const size_t t = static_cast<size_t>(at::get_num_threads());
+  const size_t first = static_cast<size_t>(info.local_rank) * t;
+  const std::vector<int> expected = static_cast<size_t>(info.local_world_size) * t <= all.size()
+                                        ? std::vector<int>(all.begin() + first, all.begin() + first + t)
+                                        : all;
+  const auto threads = thread_cpus();
+  EXPECT_GE(threads.size(), 3u) << "Gloo's threads should be there";
+  for (const auto& [tid, cpus] : threads) EXPECT_EQ(cpus, expected) << "thread " << tid << " of rank " << comm.rank();
 }
 
 PIPETRAIN_RANK_WORKER(engine_mlp) {
@@ -32,6 +66,7 @@ PIPETRAIN_RANK_WORKER(engine_mlp) {
   c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 6, 3); };
 
   auto comm = PipelineEngine::connect_from_env(c.config);
+  expect_bound_by_default(*comm);
   c.replicas = comm->world_size() / stages;
   auto module = c.module();
   module.num_stages = stages;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "pipetrain/comm/env.h"
 
@@ -31,5 +32,24 @@ void apply_threads(int threads);
 
 // plan_threads for this process (real environment and cores) followed by apply_threads.
 ThreadPlan configure_threads(int requested, int local_world_size);
+
+// Binding each rank's threads to cores of its own (DeepSpeed's launcher has
+// --bind_cores_to_rank). Left to the scheduler, two busy ranks on two cores now and then share
+// one while the other runs their helper threads: a send then waits milliseconds for the Gloo
+// thread holding its connection, and some steps take 10-30% longer (docs/comm.md).
+
+// The CPUs this process may run on, read once, before any binding (sorted).
+const std::vector<int>& process_cpus();
+
+// The CPUs of local rank `local_rank` among `cpus`: `threads` consecutive ones per local rank.
+// mode "off": none (empty). "auto": none when the local ranks' threads need more CPUs than
+// `cpus` holds. "on": as auto, but ConfigError (naming the counts) instead of none.
+// ConfigError for another mode or local_rank outside [0, local_world_size).
+std::vector<int> plan_core_binding(const std::string& mode, const std::vector<int>& cpus, int local_rank,
+                                   int local_world_size, int threads);
+
+// Restricts the calling thread, and the threads it starts from now on, to `cpus` (empty: no
+// change). CommError when the system refuses.
+void bind_this_thread(const std::vector<int>& cpus);
 
 }  // namespace pipetrain::comm

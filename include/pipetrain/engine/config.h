@@ -81,6 +81,9 @@ struct PipelineConfig {
   // Where this rank's layers run: auto (cuda:LOCAL_RANK where CUDA is available, else cpu),
   // cpu, cuda or cuda:N (runtime::resolve_device).
   std::string device = "auto";
+  // Bind each rank's compute thread to cores of its own (comm/threads.h): auto (when the local
+  // ranks' threads fit the CPUs), on (an error when they do not) or off. Multi-process runs.
+  std::string bind_cores = "auto";
 };
 
 // DeepSpeed's "fp16" block: compute in float16 with fp32 master weights and loss scaling.

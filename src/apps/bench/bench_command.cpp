@@ -48,6 +48,7 @@ struct BenchArgs {
   int repeat = 1;
   int threads_per_rank = 0;
   std::string gemm_kernel = "auto";
+  std::string bind_cores = "auto";
   std::string precision = "fp32";  // fp32, bf16 or fp16 (the engine's compute; master weights fp32)
   bool deferred_linear = true;
   bool json_only = false;
@@ -101,6 +102,7 @@ EngineConfig bench_config(const BenchArgs& args, const BenchSubject& subject, in
   c.pipeline.schedule = args.schedule;
   c.pipeline.chunks = args.chunks;
   c.pipeline.gemm_kernel = args.gemm_kernel;
+  c.pipeline.bind_cores = args.bind_cores;
   c.pipeline.deferred_linear = args.deferred_linear;
   c.set_precision(args.precision);
   if (!args.plan.empty()) apply_plan(read_plan_file(args.plan), c);
@@ -195,7 +197,8 @@ std::vector<std::string> worker_command(const BenchArgs& args, const std::string
   std::vector<std::string> cmd{std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "--worker",
                                "--result", result, "--schedule", args.schedule,
                                "--steps", std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
-                               "--gemm-kernel", args.gemm_kernel, "--precision", args.precision};
+                               "--gemm-kernel", args.gemm_kernel, "--precision", args.precision,
+                               "--bind-cores", args.bind_cores};
   if (!args.workload.empty()) cmd.insert(cmd.end(), {"--workload", args.workload});
   if (!args.example.empty()) cmd.insert(cmd.end(), {"--example", args.example});
   if (!args.plan.empty()) cmd.insert(cmd.end(), {"--plan", std::filesystem::absolute(args.plan).string()});
@@ -328,6 +331,7 @@ int run_bench(BenchArgs args) {
               {"transfer_ms", med(engine_runs, "transfer_ms")},
               {"threads_per_rank", engine_runs.front()["threads_per_rank"]},
               {"gemm_kernel", args.gemm_kernel},
+              {"bind_cores", args.bind_cores},
               // The ranks inherit PIPETRAIN_GEMM_ISA, so they run what this process would.
               {"native_gemm_isa", runtime::native_gemm_summary()},
               {"precision", args.precision},
@@ -392,6 +396,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per rank (0: cores / ranks)")
       ->capture_default_str();
+  sub->add_option("--bind-cores", args->bind_cores,
+                  "auto, on or off: each rank's compute thread on cores of its own (auto: when they fit)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   sub->add_option("--gemm-kernel", args->gemm_kernel, "auto, native, onednn or blas: the engine's Linear GEMMs")
       ->check(CLI::IsMember({"auto", "native", "onednn", "blas"}))
       ->capture_default_str();
