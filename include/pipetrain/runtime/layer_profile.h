@@ -25,7 +25,8 @@ struct LayerCost {
   double forward_s = 0;
   double backward_input_s = 0;   // the whole backward for layers without a fast path
   double backward_weight_s = 0;  // the fast path's weight gradient (0 for other layers)
-  double optimizer_s = 0;        // one optimizer step over the layer's parameters
+  double optimizer_s = 0;        // the engine's end of step for the layer's parameters: the
+                                 // gradient norm, then one optimizer step, caches cold
   double activation_bytes = 0;   // kept from forward to backward, per micro-batch
   double weight_bytes = 0;       // of those, kept until the weight gradient (the fast path's input)
   double output_bytes = 0;       // the layer's output (what a stage boundary after it sends)
@@ -47,6 +48,9 @@ struct LayerProfileOptions {
                                           // each time is the median over the others
   StageModelOptions stage;                // the engine's (fast path, GEMM kernel); no checkpoints
   std::string optimizer = "SGD";          // SGD, Adam or AdamW: the step that is timed
+  // Written before each timed optimizer step so the layer's tensors come from memory, as after
+  // a stage's weight-gradient pass over all its layers (more than this machine's 32 MiB L3).
+  int64_t evict_bytes = int64_t{64} << 20;
 };
 
 // Builds the specs (each once, tied ones shared) and profiles every layer on `sample`.

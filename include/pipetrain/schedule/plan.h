@@ -11,8 +11,10 @@
 //                 posting a send keeps the sender link.send_s
 //   pipeline      simulate() of the schedule as the engine runs it (weight gradients deferred,
 //                 waits filled when the engine accumulates natively): stage j ends at end_j
-//   optimizer     per stage, the profiled steps of its layers (each timed alone, its tensors in
-//                 cache), but no less than the bytes the step streams over stream_bytes_per_s:
+//   optimizer     per stage, the profiled ends of step of its layers (each layer's gradient
+//                 norm and optimizer step, timed with its tensors out of the cache as after a
+//                 stage's weight-gradient pass), but no less than the bytes the step streams
+//                 over stream_bytes_per_s:
 //                 gradients read for the norm and again by the update, parameters read and
 //                 written, optimizer state read and written ((4 + 2 * optimizer_state_factor)
 //                 x parameter bytes); a stage's parameters rarely fit in cache beside its
