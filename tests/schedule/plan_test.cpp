@@ -121,6 +121,25 @@ TEST(PlanSearch, BestFirstAndEveryPlanValid) {
   }
 }
 
+// One stage runs 1F1B only (another order has no bubble to fill and only defers the weight
+// gradients), unless the caller asked for other kinds.
+TEST(PlanSearch, OneStagePlansAreOneFOneBUnlessAskedOtherwise) {
+  const auto plans = search_plans(options(2));
+  int one_stage = 0;
+  for (const Plan& p : plans) {
+    if (p.stages != 1) continue;
+    ++one_stage;
+    EXPECT_EQ(p.kind, ScheduleKind::one_f_one_b) << kind_name(p.kind);
+  }
+  EXPECT_EQ(one_stage, 8);  // M = 1, 2, 4, 8, with and without checkpointing
+  auto asked = options(2);
+  asked.kinds = {ScheduleKind::zb_h1};
+  asked.stage_counts = {1};
+  const auto zb = search_plans(asked);
+  ASSERT_FALSE(zb.empty());
+  for (const Plan& p : zb) EXPECT_EQ(p.kind, ScheduleKind::zb_h1);
+}
+
 // A cap just under the fastest plan's peak excludes it: another plan, within the cap, wins.
 TEST(PlanSearch, AMemoryCapThatExcludesTheFastestPlanPicksAnother) {
   auto o = options(2);
