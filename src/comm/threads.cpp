@@ -93,8 +93,10 @@ std::vector<int> plan_core_binding(const std::string& mode, const std::vector<in
     throw ConfigError(fmt::format("local rank {} is outside [0, {}) local ranks", local_rank, local_world_size));
   if (mode == "off") return {};
   const int64_t need = static_cast<int64_t>(local_world_size) * std::max(threads, 1);
+  // auto binds only a job that fills the CPUs: with CPUs to spare another job may be running
+  // beside it, and binding both jobs' ranks to the same first CPUs would idle the rest.
+  if (mode == "auto" && need != static_cast<int64_t>(cpus.size())) return {};
   if (need > static_cast<int64_t>(cpus.size())) {
-    if (mode == "auto") return {};
     throw ConfigError(fmt::format(
         "bind_cores \"on\": {} local ranks x {} threads need {} CPUs, this process may use {}; "
         "start fewer ranks or threads per rank, or set bind_cores to auto or off",

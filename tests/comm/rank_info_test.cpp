@@ -271,11 +271,15 @@ TEST(Threads, PlanAndApply) {
 TEST(Threads, CoreBindingPlanAndApply) {
   {  // Plan: consecutive CPUs of the allowed ones per local rank, in rank order
     const std::vector<int> cpus{2, 3, 6, 7};
-    EXPECT_EQ(plan_core_binding("auto", cpus, 0, 2, 1), std::vector<int>({2}));
-    EXPECT_EQ(plan_core_binding("auto", cpus, 1, 2, 1), std::vector<int>({3}));
-    EXPECT_EQ(plan_core_binding("on", cpus, 1, 2, 2), std::vector<int>({6, 7}));
+    EXPECT_EQ(plan_core_binding("auto", cpus, 0, 2, 2), std::vector<int>({2, 3}));
+    EXPECT_EQ(plan_core_binding("auto", cpus, 1, 2, 2), std::vector<int>({6, 7}));
     EXPECT_EQ(plan_core_binding("auto", cpus, 3, 4, 1), std::vector<int>({7}));
-    EXPECT_TRUE(plan_core_binding("off", cpus, 0, 2, 1).empty());
+    EXPECT_EQ(plan_core_binding("auto", {0, 1}, 1, 2, 1), std::vector<int>({1}));
+    EXPECT_TRUE(plan_core_binding("off", cpus, 0, 2, 2).empty());
+    // CPUs to spare: another job may share them, so auto leaves placement to the scheduler;
+    // on binds all the same.
+    EXPECT_TRUE(plan_core_binding("auto", cpus, 1, 2, 1).empty());
+    EXPECT_EQ(plan_core_binding("on", cpus, 1, 2, 1), std::vector<int>({3}));
     // More ranks x threads than CPUs: auto leaves them to the scheduler, on refuses.
     EXPECT_TRUE(plan_core_binding("auto", cpus, 0, 4, 2).empty());
     EXPECT_TRUE(plan_core_binding("auto", {0, 1}, 2, 4, 1).empty());

@@ -36,14 +36,14 @@ std::map<int, std::vector<int>> thread_cpus() {
   return out;
 }
 
-// pipeline.bind_cores "auto" (the default): where the local ranks fit the CPUs, every thread
-// of a rank (its own, Gloo's) runs on the rank's CPU; where they do not, anywhere.
+// pipeline.bind_cores "auto" (the default): where the local ranks' threads fill the CPUs, every
+// thread of a rank (its own, Gloo's) runs on the rank's CPUs; otherwise anywhere.
 void expect_bound_by_default(const comm::Communicator& comm) {
   const auto info = comm::rank_info_from_env();
   const std::vector<int>& all = comm::process_cpus();
   const size_t t = static_cast<size_t>(at::get_num_threads());
   const size_t first = static_cast<size_t>(info.local_rank) * t;
-  const std::vector<int> expected = static_cast<size_t>(info.local_world_size) * t <= all.size()
+  const std::vector<int> expected = static_cast<size_t>(info.local_world_size) * t == all.size()
                                         ? std::vector<int>(all.begin() + first, all.begin() + first + t)
                                         : all;
   const auto threads = thread_cpus();

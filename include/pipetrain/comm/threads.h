@@ -42,8 +42,9 @@ ThreadPlan configure_threads(int requested, int local_world_size);
 const std::vector<int>& process_cpus();
 
 // The CPUs of local rank `local_rank` among `cpus`: `threads` consecutive ones per local rank.
-// mode "off": none (empty). "auto": none when the local ranks' threads need more CPUs than
-// `cpus` holds. "on": as auto, but ConfigError (naming the counts) instead of none.
+// mode "off": none (empty). "auto": only when the local ranks' threads fill `cpus` exactly
+// (none when they need more, or leave some for another job). "on": whenever they fit;
+// ConfigError (naming the counts) when they need more.
 // ConfigError for another mode or local_rank outside [0, local_world_size).
 std::vector<int> plan_core_binding(const std::string& mode, const std::vector<int>& cpus, int local_rank,
                                    int local_world_size, int threads);

@@ -81,8 +81,9 @@ struct PipelineConfig {
   // Where this rank's layers run: auto (cuda:LOCAL_RANK where CUDA is available, else cpu),
   // cpu, cuda or cuda:N (runtime::resolve_device).
   std::string device = "auto";
-  // Bind each rank's compute thread to cores of its own (comm/threads.h): auto (when the local
-  // ranks' threads fit the CPUs), on (an error when they do not) or off. Multi-process runs.
+  // Bind each rank's threads to cores of its own (comm/threads.h): auto (when the local ranks'
+  // threads fill the CPUs), on (whenever they fit; an error when not) or off. Multi-process
+  // runs (connect_from_env).
   std::string bind_cores = "auto";
 };
 

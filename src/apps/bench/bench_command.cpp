@@ -397,7 +397,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   sub->add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per rank (0: cores / ranks)")
       ->capture_default_str();
   sub->add_option("--bind-cores", args->bind_cores,
-                  "auto, on or off: each rank's compute thread on cores of its own (auto: when they fit)")
+                  "auto, on or off: each rank's threads on cores of their own (auto: when the ranks fill the cores)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   sub->add_option("--gemm-kernel", args->gemm_kernel, "auto, native, onednn or blas: the engine's Linear GEMMs")
       ->check(CLI::IsMember({"auto", "native", "onednn", "blas"}))
