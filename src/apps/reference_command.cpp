@@ -89,18 +89,8 @@ void run_reference(const ReferenceArgs& a) {
 
   examples::Example ex = examples::make_example(a.example, options);
   EngineConfig config = examples::example_config(ex, a.config);
-  if (config.train_micro_batch_size_per_gpu != ex.defaults.micro_batch_size ||
-      config.gradient_accumulation_steps != ex.defaults.micro_batches) {
-    // The config file chose the batch sizes: make the data to match.
-    if (!a.micro_batches.empty() || !a.micro_batch_size.empty())
-      throw ConfigError(fmt::format(
-          "{} sets {} micro-batches of {} rows, the command line {} of {}; give them in one place",
-          a.config, config.gradient_accumulation_steps, config.train_micro_batch_size_per_gpu,
-          ex.defaults.micro_batches, ex.defaults.micro_batch_size));
-    options.micro_batch_size(config.train_micro_batch_size_per_gpu)
-        .micro_batches(config.gradient_accumulation_steps);
-    ex = examples::make_example(a.example, options);
-  }
+  // The config file chose the batch sizes: make the data to match.
+  examples::match_config_batches(ex, options, config, a.config, !a.micro_batches.empty() || !a.micro_batch_size.empty());
   if (!a.seed.empty()) config.seed = options.seed();
   if (lr > 0) {
     config.optimizer.lr = lr;

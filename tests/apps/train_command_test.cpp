@@ -361,6 +361,26 @@ TEST_F(TrainCommand, DeepSpeedConfigWithTensorBoardWritesEventsThere) {
   EXPECT_FLOAT_EQ(eval[0].value, static_cast<float>(s["eval_loss"].get<double>()));
 }
 
+// A DeepSpeed config's batch sizes shape the example's data: the engine gets the micro-batches
+// the config asks for. Given on the command line too, they are one clear error.
+TEST_F(TrainCommand, DeepSpeedConfigBatchSizesShapeTheData) {
+  fs::create_directories(dir_);
+  const fs::path config = dir_ / "ds_config.json";
+  std::ofstream(config) << R"({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 8,
+                               "gradient_accumulation_steps": 6})";
+  const auto r = cli("train --example mlp --steps 2 --config " + config.string() + " --run-dir " + (dir_ / "run").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto s = last_line_json(r.output);
+  EXPECT_EQ(s["micro_batches"], 6);
+  EXPECT_EQ(s["micro_batch_size"], 8);
+  const auto both = cli("train --example mlp --steps 2 --micro-batches 4 --config " + config.string() +
+                            " --run-dir " + (dir_ / "run2").string(),
+                        60);
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("sets 6 micro-batches of 8 rows, the command line 4 of"), std::string::npos)
+      << both.output;
+}
+
 // fp16 end to end: the loss scale the scaler keeps reaches TensorBoard as DeepSpeed logs it
 // (2^initial_scale_power, doubled after each loss_scale_window clean steps).
 TEST_F(TrainCommand, Fp16LogsTheScalersLossScale) {

@@ -59,6 +59,20 @@ EngineConfig example_config(const Example& example, const std::string& config_fi
   return config;
 }
 
+void match_config_batches(Example& ex, ExampleOptions& options, const EngineConfig& config,
+                          const std::string& config_file, bool command_line_sets) {
+  if (config.train_micro_batch_size_per_gpu == ex.defaults.micro_batch_size &&
+      config.gradient_accumulation_steps == ex.defaults.micro_batches)
+    return;
+  if (command_line_sets)
+    throw ConfigError(fmt::format(
+        "{} sets {} micro-batches of {} rows, the command line {} of {}; give them in one place",
+        config_file, config.gradient_accumulation_steps, config.train_micro_batch_size_per_gpu,
+        ex.defaults.micro_batches, ex.defaults.micro_batch_size));
+  options.micro_batch_size(config.train_micro_batch_size_per_gpu).micro_batches(config.gradient_accumulation_steps);
+  ex = make_example(ex.name, options);
+}
+
 MetricSum evaluate(const Example& example, BuiltLayers& model) {
   const bool was_training = !model.modules.empty() && model.modules.front().ptr()->is_training();
   set_training(model, false);

@@ -48,6 +48,12 @@ struct ReferenceResult {
 EngineConfig example_config(const Example& example, const std::string& config_file = "",
                             ConfigWarnings warn = ConfigWarnings::Log);
 
+// Where `config` (example_config of `config_file`) chose batch sizes other than `ex`'s, remakes
+// `ex` with them (`options` updated), so that its data gives the engine the micro-batches the
+// config asks for. ConfigError when the command line chose them too (`command_line_sets`).
+void match_config_batches(Example& ex, ExampleOptions& options, const EngineConfig& config,
+                          const std::string& config_file, bool command_line_sets);
+
 // The metric over every replica's evaluation shard, in evaluation mode without gradients
 // (restores training mode).
 MetricSum evaluate(const Example& example, BuiltLayers& model);

@@ -122,7 +122,15 @@ examples::Example make_train_example(const TrainArgs& args) {
   if (args.micro_batch_size > 0) options.micro_batch_size(args.micro_batch_size);
   if (args.eval_samples > 0) options.eval_samples(args.eval_samples);
   options.dropout(args.dropout);
-  return examples::make_example(args.example, options);
+  auto ex = examples::make_example(args.example, options);
+  if (!args.config_file.empty()) {
+    // A DeepSpeed config's batch sizes (train_micro_batch_size_per_gpu, gradient_accumulation_
+    // steps) shape the example's data, as in `pipetrain reference`.
+    const auto config = examples::example_config(ex, args.config_file, ConfigWarnings::Collect);
+    examples::match_config_batches(ex, options, config, args.config_file,
+                                   args.micro_batches > 0 || args.micro_batch_size > 0);
+  }
+  return ex;
 }
 
 EngineConfig make_train_config(const TrainArgs& args, const examples::Example& ex) {
