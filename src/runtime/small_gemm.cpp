@@ -262,10 +262,7 @@ torch::Tensor native_linear(const torch::Tensor& x_in, const torch::Tensor& weig
   require_float_cpu("native_linear", "x", x_in, 2);
   require_float_cpu("native_linear", "weight", weight_in, 2);
   if (bias_in.defined()) require_float_cpu("native_linear", "bias", bias_in, 1);
-  if (x_in.size(1) != weight_in.size(1) || (bias_in.defined() && bias_in.size(0) != weight_in.size(0))) {
-    throw BatchError("native_linear: x " + sizes_of(x_in) + ", weight " + sizes_of(weight_in) + " and bias " +
-                     sizes_of(bias_in) + " do not fit y = x W^T + b (x: M x in, W: out x in, b: out)");
-  }
+  detail::check_linear_shapes("native_linear", x_in, weight_in, bias_in);
   const auto x = x_in.contiguous();
   const auto weight = weight_in.contiguous();
   // Held for the whole product: a pointer into a temporary contiguous copy would dangle.

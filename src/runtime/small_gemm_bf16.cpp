@@ -263,10 +263,7 @@ torch::Tensor native_linear_bf16(const torch::Tensor& x_in, const torch::Tensor&
   require("native_linear_bf16", "x", x_in, 2, torch::kBFloat16);
   require("native_linear_bf16", "weight", weight_in, 2, torch::kBFloat16);
   if (bias_in.defined()) require("native_linear_bf16", "bias", bias_in, 1, torch::kFloat);
-  if (x_in.size(1) != weight_in.size(1) || (bias_in.defined() && bias_in.size(0) != weight_in.size(0))) {
-    throw BatchError("native_linear_bf16: x " + sizes_of(x_in) + ", weight " + sizes_of(weight_in) + " and bias " +
-                     sizes_of(bias_in) + " do not fit y = x W^T + b (x: M x in, W: out x in, b: out)");
-  }
+  detail::check_linear_shapes("native_linear_bf16", x_in, weight_in, bias_in);
   const auto x = x_in.contiguous();
   const auto weight = weight_in.contiguous();
   const auto bias = bias_in.defined() ? bias_in.contiguous() : torch::Tensor();

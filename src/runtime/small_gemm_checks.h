@@ -34,6 +34,14 @@ inline void require_dense_cpu(const char* who, const char* name, const torch::Te
                                 : std::string("an undefined tensor")));
 }
 
+// The forward's operands fit y = x W^T + b (bias optional).
+inline void check_linear_shapes(const std::string& who, const torch::Tensor& x, const torch::Tensor& weight,
+                                const torch::Tensor& bias) {
+  if (x.size(1) == weight.size(1) && (!bias.defined() || bias.size(0) == weight.size(0))) return;
+  throw BatchError(who + ": x " + sizes_of(x) + ", weight " + sizes_of(weight) + " and bias " + sizes_of(bias) +
+                   " do not fit y = x W^T + b (x: M x in, W: out x in, b: out)");
+}
+
 // A weight-gradient accumulator call: dw must be a buffer, every part present and of one
 // shape, and rows [r_begin, r_end) inside the gradient's out features. `parts` is not empty.
 template <typename Part>
