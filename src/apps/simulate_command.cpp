@@ -20,11 +20,12 @@ const char* const kSimulateUsage =
     "usage: pipetrain simulate --kind fill-drain|1f1b|inference|interleaved|zb-h1|zb-v|dualpipev|v-half|v-min "
     "--stages P --micro-batches M [--chunks V] | --from-csv FILE; [--stage S] [--format text|json] "
     "[--cost-forward F] [--cost-backward B] [--cost-weight W] [--cost-comm C] [--cost-send S] "
-    "[--defer-weights] [--fill-waits] [--svg FILE] [--trace FILE]";
+    "[--defer-weights] [--fill-waits] [--cores N [--shared-efficiency E]] [--svg FILE] [--trace FILE]";
 
 struct SimulateArgs {
   ScheduleArgs schedule;
-  std::string forward = "1", backward = "1", weight = "1", comm = "0", send = "0", svg, trace;
+  std::string forward = "1", backward = "1", weight = "1", comm = "0", send = "0", cores = "0", efficiency = "1",
+              svg, trace;
   bool defer_weights = false, fill_waits = false;
 };
 
@@ -39,8 +40,8 @@ void write_file(const std::string& option, const std::string& path, const std::s
                     option, path));
 }
 
-void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r,
-                const double costs[5], bool fill_waits, std::optional<int> only) {
+void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r, const double costs[5],
+                const schedule::CostModel& model, std::optional<int> only) {
   std::cout << fmt::format("{}: {} stages, {} micro-batches, {} chunk(s) per stage{}\n",
                            schedule::kind_name(s.kind), s.num_stages(), s.num_micro_batches,
                            s.num_chunks(),
@@ -55,7 +56,10 @@ void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r
           ? fmt::format("; each of the {} chunks costs 1/{}", s.num_chunks(), s.num_chunks())
           : "");
   if (costs[4] > 0) std::cout << fmt::format("posting a send: {:g}\n", costs[4]);
-  if (fill_waits) std::cout << "waits filled with queued weight-gradient work (the engine's executor)\n";
+  if (model.fill_waits) std::cout << "waits filled with queued weight-gradient work (the engine's executor)\n";
+  if (model.cores > 0)
+    std::cout << fmt::format("the ranks share {:g} cores (switching efficiency {:g})\n", model.cores,
+                             model.shared_efficiency);
   std::cout << fmt::format("makespan: {:g}\n", r.makespan);
   std::cout << "stage  busy        bubble   peak live activations  buffers\n";
   for (int j = 0; j < s.num_stages(); ++j) {
@@ -66,8 +70,8 @@ void print_text(const schedule::Schedule& s, const schedule::SimulationResult& r
   std::cout << fmt::format("overall bubble: {:.2f}%\n", 100.0 * r.bubble_overall);
 }
 
-void print_json(const schedule::Schedule& s, const schedule::SimulationResult& r,
-                const double costs[5], bool fill_waits, std::optional<int> only) {
+void print_json(const schedule::Schedule& s, const schedule::SimulationResult& r, const double costs[5],
+                const schedule::CostModel& model, std::optional<int> only) {
   using Json = nlohmann::ordered_json;
   Json stages = Json::array();
   for (int j = 0; j < s.num_stages(); ++j) {
@@ -89,7 +93,9 @@ void print_json(const schedule::Schedule& s, const schedule::SimulationResult& r
                       {"backward_weight", costs[2]},
                       {"transfer", costs[3]},
                       {"send", costs[4]}}},
-                    {"fill_waits", fill_waits},
+                    {"fill_waits", model.fill_waits},
+                    {"cores", model.cores},
+                    {"shared_efficiency", model.shared_efficiency},
                     {"makespan", r.makespan},
                     {"bubble", r.bubble_overall},
                     {"stages", std::move(stages)}};
@@ -123,6 +129,16 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
   command->add_option("--cost-send", args->send, "time S a send keeps its sender (default 0)")
       ->type_name("S")
       ->expected(0, 1);
+  command->add_option("--cores", args->cores,
+                      "CPU cores the stages' ranks share (default 0: one each); fewer than the stages: "
+                      "they take turns, the ranks with work sharing the cores equally")
+      ->type_name("N")
+      ->expected(0, 1);
+  command->add_option("--shared-efficiency", args->efficiency,
+                      "with --cores: the share of a core's time that does a rank's work while the ranks "
+                      "outnumber the cores (default 1)")
+      ->type_name("E")
+      ->expected(0, 1);
   command->add_flag("--defer-weights", args->defer_weights,
                     "split full backwards into I and W and batch the Ws as the engine does "
                     "(schedule::defer_weight_gradients)");
@@ -154,11 +170,24 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
       auto model = schedule::CostModel::uniform(s.num_stages(), costs[0], costs[1], costs[2], costs[3]);
       model.send.assign(static_cast<size_t>(s.num_stages()), costs[4]);
       model.fill_waits = args->fill_waits;
+      // Both are plain numbers like the costs, with their own ranges in the message.
+      auto number = [](const char* option, const std::string& text, const char* what) {
+        try {
+          return parse_cost(option, text);
+        } catch (const ConfigError&) {
+          throw ConfigError(fmt::format("{} expects {}, got '{}'", option, what, text));
+        }
+      };
+      model.cores = number("--cores", args->cores, "a number of cores >= 0 (0: one per stage)");
+      const char* fraction = "a fraction in (0, 1]";
+      model.shared_efficiency = number("--shared-efficiency", args->efficiency, fraction);
+      if (model.shared_efficiency <= 0 || model.shared_efficiency > 1)
+        throw ConfigError(fmt::format("--shared-efficiency expects {}, got '{}'", fraction, args->efficiency));
       const auto r = schedule::simulate(s, model);
       if (args->schedule.json())
-        print_json(s, r, costs, args->fill_waits, only);
+        print_json(s, r, costs, model, only);
       else
-        print_text(s, r, costs, args->fill_waits, only);
+        print_text(s, r, costs, model, only);
       if (!args->svg.empty()) {
         schedule::SvgOptions options;
         options.title = schedule::timeline_title(s, r.bubble_overall);

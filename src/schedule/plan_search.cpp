@@ -58,6 +58,14 @@ Plan evaluate_plan(const PlanSearchOptions& o, ScheduleKind kind, int P, int M, 
   CostModel costs = CostModel::uniform(P, 0, 0, 0, 0);
   costs.send.assign(static_cast<size_t>(P), o.link.send_s);
   costs.fill_waits = o.fill_waits;
+  // More ranks than cores: the replay shares the cores between them (each of the R pipelines
+  // gets its share of the machine).
+  const bool shared = o.processes > o.cores;
+  if (shared) {
+    costs.cores = static_cast<double>(o.cores) / R;
+    costs.shared_efficiency = o.shared_efficiency;
+    costs.message_work = o.shared_message_s;
+  }
   costs.memory.assign(static_cast<size_t>(P), StageMemory{});
   std::vector<double> optimizer(static_cast<size_t>(P), 0.0), grad_bytes(static_cast<size_t>(P), 0.0);
   int64_t first = 0;
@@ -98,7 +106,7 @@ Plan evaluate_plan(const PlanSearchOptions& o, ScheduleKind kind, int P, int M, 
       costs.memory[static_cast<size_t>(j)].static_bytes +=
           3.0 * std::min(o.allreduce_bucket_bytes, grad_bytes[static_cast<size_t>(j)]);
   const SimulationResult r = simulate(s, costs);
-  double step = 0, work = 0;
+  double step = 0, work = 0, last_end = 0, most_update = 0, all_updates = 0;
   for (int j = 0; j < P; ++j) {
     double end = 0;
     for (const TimedAction& t : r.timeline[static_cast<size_t>(j)])
@@ -111,10 +119,20 @@ Plan evaluate_plan(const PlanSearchOptions& o, ScheduleKind kind, int P, int M, 
     const double allreduce =
         R > 1 ? o.link.latency_s + 2.0 * (R - 1) / R * grad_bytes[static_cast<size_t>(j)] / o.link.allreduce_bytes_per_s : 0.0;
     step = std::max(step, end + optimizer[static_cast<size_t>(j)] + allreduce);
-    work += R * (r.busy[static_cast<size_t>(j)] + optimizer[static_cast<size_t>(j)]);
+    // The stage's compute (not r.busy, which on shared cores is the time it took).
+    const double compute = M * (costs.forward[static_cast<size_t>(j)] + costs.backward_input[static_cast<size_t>(j)] +
+                                costs.backward_weight[static_cast<size_t>(j)]);
+    work += R * (compute + optimizer[static_cast<size_t>(j)]);
+    last_end = std::max(last_end, end);
+    most_update = std::max(most_update, optimizer[static_cast<size_t>(j)] + allreduce);
+    all_updates += R * optimizer[static_cast<size_t>(j)];
   }
-  // More ranks than cores: they take turns, and the step is at least all their work over the cores.
-  if (o.processes > o.cores) step = std::max(step, work / o.cores);
+  if (shared) {
+    // The ends already share the cores; the updates, which start together once the gradient
+    // norm is agreed, share them too. The step is still at least all the work over the cores.
+    const double updates = std::max(most_update, all_updates / (o.cores * o.shared_efficiency));
+    step = std::max(last_end + updates, work / o.cores);
+  }
   step += o.step_overhead_s;
   plan.step_s = step;
   plan.samples_per_s = step > 0 ? R * static_cast<double>(o.batch_rows) / step : 0.0;

@@ -12,6 +12,8 @@ struct ReplayCosts {
   std::vector<std::array<double, kNumOps>> op;  // per stage, per op: duration (sends: posting)
   std::vector<double> transfer;                 // per stage: cost of a transfer it sends
   bool fill_waits = false;                      // CostModel::fill_waits
+  double shared_efficiency = 1;                 // CostModel::shared_efficiency (replay_shared)
+  double message_work = 0;                      // CostModel::message_work (replay_shared)
 };
 
 // Weight-gradient work run outside its own action (CostModel::fill_waits).
@@ -30,6 +32,11 @@ struct ReplayResult {
 // (indices in range, every receive matched by exactly one send). Without `record_times` only
 // `stopped_at` and `finished` are filled (the deadlock check needs no more).
 ReplayResult replay(const Schedule& schedule, const ReplayCosts& costs, bool record_times = true);
+
+// The same semantics with the stages' ranks sharing `cores` CPUs (replay_shared.cpp): one clock,
+// and the ranks with work running at min(1, cores / how many have work) of their speed. With
+// cores >= stages it equals replay().
+ReplayResult replay_shared(const Schedule& schedule, const ReplayCosts& costs, double cores);
 
 // Index of the message a receive waits for: (kind, receiving stage, its chunk, micro-batch).
 inline size_t message_index(const Schedule& s, bool grad, int stage, int chunk, int micro_batch) {

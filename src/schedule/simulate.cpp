@@ -125,6 +125,14 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
   check_costs("backward_weight", costs.backward_weight, P);
   check_costs("transfer", costs.transfer, P);
   if (!costs.send.empty()) check_costs("send", costs.send, P);
+  if (!std::isfinite(costs.cores) || costs.cores < 0)
+    throw ConfigError(fmt::format("cost model: cores is {}; give a number of cores > 0, or 0 for a core per stage",
+                                  costs.cores));
+  if (!(costs.shared_efficiency > 0 && costs.shared_efficiency <= 1))
+    throw ConfigError(fmt::format("cost model: shared_efficiency is {}; it is a fraction in (0, 1]",
+                                  costs.shared_efficiency));
+  if (!std::isfinite(costs.message_work) || costs.message_work < 0)
+    throw ConfigError(fmt::format("cost model: message_work is {}; costs are finite and >= 0", costs.message_work));
   validate(schedule);
 
   const double V = schedule.num_chunks();
@@ -144,7 +152,11 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
       op[static_cast<int>(Op::send_grad)] = costs.send[j];
     }
   }
-  const detail::ReplayResult replayed = detail::replay(schedule, replay_costs);
+  replay_costs.shared_efficiency = costs.shared_efficiency;
+  // Only ranks that share cores pay for their messages (CostModel::message_work).
+  replay_costs.message_work = costs.cores > 0 && costs.cores < P ? costs.message_work : 0.0;
+  const detail::ReplayResult replayed = costs.cores > 0 ? detail::replay_shared(schedule, replay_costs, costs.cores)
+                                                        : detail::replay(schedule, replay_costs);
 
   SimulationResult result;
   result.timeline.resize(P);

@@ -1,5 +1,6 @@
 // `pipetrain plan`, its JSON line, and `bench --plan` / `train --plan` reading it back.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include "apps/plan/plan_file.h"
 #include "apps/train/train_args.h"
 #include "cli_runner.h"
+#include "pipetrain/comm/threads.h"
 #include "pipetrain/error.h"
 #include "support/child_process.h"
 
@@ -129,6 +131,11 @@ TEST(PlanCommand, PlanThenBenchThePlan) {
   for (const auto& b : plan["balance"]) layers += b.get<int64_t>();
   EXPECT_EQ(layers, 32);
   EXPECT_LT(plan["search_s"].get<double>(), 10.0);
+  // The profile's thread, bound beside its helper where they fill the CPUs, is let go after.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+  EXPECT_EQ(static_cast<size_t>(CPU_COUNT(&mine)), comm::process_cpus().size());
   // Without the other rank's work running beside the profile: a plan of the same form.
   const auto alone = testing::run({"plan", "--workload", "mlp", "--json", "--budget-ms", "10", "--max-micro-batches",
                                    "8", "--profile-alone"});
@@ -157,6 +164,28 @@ TEST(PlanCommand, PlanThenBenchThePlan) {
   ASSERT_EQ(predicted.size(), measured.size());
   for (size_t j = 0; j < predicted.size(); ++j)
     EXPECT_NEAR(predicted[j], measured[j], 0.15 * measured[j]) << "stage " << j;
+}
+
+// Four ranks on two cores (or whatever this machine has: --cores pins it): the plan is
+// simulated with the ranks sharing the cores, so what sharing costs moves the prediction.
+TEST(PlanCommand, MoreProcessesThanCoresPayForSharingThem) {
+  const std::vector<std::string> args{"plan",       "--workload", "mlp-4", "--processes", "4", "--cores", "2",
+                                      "--stages",   "4",          "--schedule", "1f1b", "--micro-batches", "2",
+                                      "--budget-ms", "10",        "--json"};
+  auto predicted = [&args](const char* efficiency) {
+    ::setenv("PIPETRAIN_PLAN_SHARED_EFFICIENCY", efficiency, 1);
+    const auto r = testing::run(args);
+    ::unsetenv("PIPETRAIN_PLAN_SHARED_EFFICIENCY");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return json::parse(testing::last_line(r.out))["predicted_samples_per_s"].get<double>();
+  };
+  const double free_switching = predicted("1");
+  const double costly = predicted("0.5");
+  EXPECT_GT(free_switching, 0);
+  // Half the speed while the ranks outnumber the cores: far slower, though not half, as the
+  // pipeline's fill and drain leave some ranks without work (profiles differ by a few %).
+  EXPECT_LT(costly, 0.85 * free_switching);
+  EXPECT_GT(costly, 0.5 * free_switching);
 }
 
 }  // namespace

@@ -105,6 +105,11 @@ TEST(ScheduleCommand, BadArgumentsGiveOneLineAndUsage) {
        "--cost-comm expects a cost (a number >= 0), got '-1'"},
       {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--svg"},
        "--svg needs a FILE"},
+      {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--cores", "-2"},
+       "--cores expects a number of cores >= 0 (0: one per stage), got '-2'"},
+      {{"simulate", "--kind", "1f1b", "--stages", "2", "--micro-batches", "2", "--cores", "1", "--shared-efficiency",
+        "1.5"},
+       "--shared-efficiency expects a fraction in (0, 1], got '1.5'"},
   };
   for (const auto& [args, words] : cases) {
     const CliRun r = run(args);
@@ -116,6 +121,34 @@ TEST(ScheduleCommand, BadArgumentsGiveOneLineAndUsage) {
     const std::string second = r.err.substr(r.err.find('\n') + 1);
     EXPECT_EQ(second.rfind("usage: pipetrain " + args[0] + " --kind ", 0), 0u) << r.err;
   }
+}
+
+TEST(ScheduleCommand, SimulateOnSharedCores) {
+  // SharedCores.FourRanksOnTwoCoresIdleWhileThePipelineFillsAndDrains from the command line:
+  // 15 on two cores as on a core each (never more than two ranks have work), where the bound
+  // "work over the cores" says 12; on one core, all 24 units of work back to back.
+  const std::vector<std::string> base{"simulate",        "--kind", "1f1b", "--stages",        "4",
+                                      "--micro-batches", "2",      "--cost-backward", "2", "--cost-weight",
+                                      "0"};
+  auto with = [&base](std::vector<std::string> more) {
+    more.insert(more.begin(), base.begin(), base.end());
+    return run(more);
+  };
+  const CliRun dedicated = with({"--format", "json"});
+  ASSERT_EQ(dedicated.code, 0) << dedicated.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(dedicated.out)["makespan"].get<double>(), 15);
+  const CliRun shared = with({"--cores", "2", "--format", "json"});
+  ASSERT_EQ(shared.code, 0) << shared.err;
+  const auto parsed = nlohmann::json::parse(shared.out);
+  EXPECT_DOUBLE_EQ(parsed["makespan"].get<double>(), 15);
+  EXPECT_DOUBLE_EQ(parsed["cores"].get<double>(), 2);
+  const CliRun one = with({"--cores", "1", "--format", "json"});
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(one.out)["makespan"].get<double>(), 24);
+  const CliRun text = with({"--cores", "2", "--shared-efficiency", "0.5"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("the ranks share 2 cores (switching efficiency 0.5)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("makespan: 15\n"), std::string::npos) << text.out;
 }
 
 TEST(ScheduleCommand, TorchCsvOutAndBackIn) {

@@ -22,8 +22,13 @@
 //   step          max_j (end_j + optimizer_j + allreduce_j) + step_overhead_s, where a data-
 //                 parallel all-reduce of stage j's gradients costs
 //                 link.latency_s + 2 (R-1)/R * grad bytes / link.allreduce_bytes_per_s
-//   oversubscribed  with more processes than cores the step cannot be shorter than all ranks'
-//                 compute over the cores: max(step, work / cores)
+//   oversubscribed  with more processes than cores, the pipeline is simulated with the ranks
+//                 sharing the cores (CostModel::cores = cores / R: at every moment the ranks that
+//                 have work share them equally, at shared_efficiency of their speed while they
+//                 outnumber the cores), the updates start together after the last
+//                 end and share the cores too: max_j end_j + max(max_j (optimizer_j +
+//                 allreduce_j), R sum_j optimizer_j / (cores shared_efficiency)), and never less than all ranks'
+//                 work over the cores
 //
 // samples/s = replicas * batch rows / step.
 #pragma once
@@ -74,6 +79,10 @@ struct PlanSearchOptions {
   // (read a, read b, write a counts 3 bytes per element byte); 0: the profiled steps alone.
   double stream_bytes_per_s = 0;
   bool fill_waits = false;            // the engine accumulates weight gradients natively
+  // More processes than cores: the share of a core's time that does a rank's work while the
+  // ranks that can run outnumber the cores (CostModel::shared_efficiency).
+  double shared_efficiency = 1;
+  double shared_message_s = 0;  // more processes than cores: CostModel::message_work
   bool defer_weights = true;          // the engine's Linear fast path (defer_weight_gradients)
   // Data-parallel replicas all-reduce gradients in buckets of this size; the memory model
   // counts three of them (the flattened bucket and the collective's buffers, as measured).

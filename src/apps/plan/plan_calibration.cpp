@@ -37,6 +37,14 @@ Calibration calibration() {
   c.link.allreduce_bytes_per_s = env_number("PIPETRAIN_PLAN_ALLREDUCE_MBS", 400) * 1e6;
   c.step_overhead_s = env_number("PIPETRAIN_PLAN_OVERHEAD_MS", 1) * 1e-3;
   c.compute_scale = env_number("PIPETRAIN_PLAN_COMPUTE_SCALE", 1);
+  // Four mlp-4 ranks on two cores, 200 steps under /usr/bin/time (2026-12-05): interleaved V=2
+  // M=4 took 162 ms of user and 31 ms of system time a step for 134 ms of profiled work and 56
+  // messages; 1f1b M=2, 155 and 21 ms for 12 messages. So the compute ran at 134 / 162 = 0.83 of
+  // its profiled speed, and each message cost about (193 - 176) / (56 - 12) = 0.4 ms of CPU.
+  c.shared_efficiency = env_number("PIPETRAIN_PLAN_SHARED_EFFICIENCY", 0.83);
+  c.shared_message_s = env_number("PIPETRAIN_PLAN_SHARED_MESSAGE_US", 400) * 1e-6;
+  if (c.shared_efficiency <= 0 || c.shared_efficiency > 1)
+    throw ConfigError(fmt::format("PIPETRAIN_PLAN_SHARED_EFFICIENCY={} must be in (0, 1]", c.shared_efficiency));
   if (c.link.bytes_per_s <= 0 || c.link.allreduce_bytes_per_s <= 0)
     throw ConfigError("PIPETRAIN_PLAN_BANDWIDTH_MBS and PIPETRAIN_PLAN_ALLREDUCE_MBS must be > 0");
   return c;

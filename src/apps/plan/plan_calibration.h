@@ -8,6 +8,10 @@
 //   PIPETRAIN_PLAN_ALLREDUCE_MBS  a gradient all-reduce's bus bandwidth between replicas, MB/s
 //   PIPETRAIN_PLAN_OVERHEAD_MS  per step, outside the pipeline (loss/norm all-reduce, barrier)
 //   PIPETRAIN_PLAN_COMPUTE_SCALE  engine compute time / profiled compute time
+//   PIPETRAIN_PLAN_SHARED_EFFICIENCY  with more ranks than cores, the share of a busy core's time
+//                               that does profiled work while the ranks outnumber the cores
+//   PIPETRAIN_PLAN_SHARED_MESSAGE_US  with more ranks than cores, the CPU time one message costs
+//                               its two ranks
 //   PIPETRAIN_PLAN_STREAM_MBS   an optimizer step's bytes through memory per second (default:
 //                               measured by `plan` beside the other ranks' work)
 #pragma once
@@ -20,6 +24,8 @@ struct Calibration {
   schedule::LinkModel link;
   double step_overhead_s = 0;
   double compute_scale = 1;
+  double shared_efficiency = 1;  // PlanSearchOptions::shared_efficiency
+  double shared_message_s = 0;   // PlanSearchOptions::shared_message_s
 };
 
 // The constants measured here, with any environment override applied (ConfigError for a

@@ -47,13 +47,23 @@ double mib(double bytes) { return bytes / (1 << 20); }
 
 // The run's other ranks, computing beside the profile on the other cores: in the run they share
 // the memory bandwidth and caches with every rank, and what else loads the machine now loads
-// it then too, so the layers are timed as they will run.
+// it then too, so the layers are timed as they will run. Where the profile and its helpers
+// fill the CPUs, each has CPUs of its own, as `auto` binds the ranks of a run that fills them
+// (docs/comm.md), so that a helper never takes turns with the profile on its core.
 class BusyRanks {
  public:
-  BusyRanks(int count, const std::function<void()>& work) {
+  BusyRanks(int count, int threads, const std::function<void()>& work) {
+    const auto& cpus = comm::process_cpus();
+    const int world = count + 1;  // the profile is "rank" 0
+    if (world * threads <= static_cast<int>(cpus.size()))
+      comm::bind_this_thread(comm::plan_core_binding("on", cpus, 0, world, threads));
     for (int i = 0; i < count; ++i) {
-      threads_.emplace_back([this, work] {
+      const auto own = world * threads <= static_cast<int>(cpus.size())
+                           ? comm::plan_core_binding("on", cpus, i + 1, world, threads)
+                           : std::vector<int>{};
+      threads_.emplace_back([this, work, own] {
         try {
+          comm::bind_this_thread(own);
           while (!stop_.load()) work();
         } catch (const std::exception&) {
           // the profile itself runs the same work and reports its error
@@ -64,6 +74,7 @@ class BusyRanks {
   ~BusyRanks() {
     stop_ = true;
     for (auto& t : threads_) t.join();
+    comm::bind_this_thread(comm::process_cpus());  // the profile's thread, as it was
   }
   BusyRanks(const BusyRanks&) = delete;
   BusyRanks& operator=(const BusyRanks&) = delete;
@@ -116,6 +127,8 @@ int run_plan(const PlanArgs& a) {
   const Calibration cal = calibration();
   o.link = cal.link;
   o.step_overhead_s = cal.step_overhead_s;
+  o.shared_efficiency = cal.shared_efficiency;
+  o.shared_message_s = cal.shared_message_s;
   std::string optimizer;
   o.stage_counts = a.stages;
   for (const auto& name : a.schedules) o.kinds.push_back(schedule::parse_kind(name));
@@ -136,13 +149,11 @@ int run_plan(const PlanArgs& a) {
     if (!a.profile_alone) {
       runtime::LayerProfileOptions busy = po;
       busy.budget = std::chrono::milliseconds(100);
-      others.emplace(std::min(processes, cores) - 1, [&subject, busy] {
+      others.emplace(std::min(processes, cores) - 1, std::max(1, cores / processes), [&subject, busy] {
         runtime::profile_layers(subject.module.layers, subject.micro_batches.front().inputs, busy);
       });
     }
     const auto profile = runtime::profile_layers(subject.module.layers, subject.micro_batches.front().inputs, po);
-    // The optimizer step's memory traffic, measured beside the same work as the layers.
-    if (o.stream_bytes_per_s == 0) o.stream_bytes_per_s = stream_bytes_per_s();
     others.reset();
     o.fill_waits = profile.accumulates_natively;
     if (a.show_profile) {
@@ -171,6 +182,22 @@ int run_plan(const PlanArgs& a) {
     }
     c.input_bytes = profile.input_bytes;
     o.costs[m] = std::move(c);
+  }
+  if (o.stream_bytes_per_s == 0) {
+    // The optimizer step's memory traffic, measured beside the other ranks' updates: every rank
+    // updates once the gradient norm is agreed, so they stream at the same time (not beside
+    // whichever layers' work the helpers happened to run).
+    std::optional<BusyRanks> updates;
+    if (!a.profile_alone) {
+      torch::NoGradGuard no_grad;
+      auto arrays = std::make_shared<std::pair<torch::Tensor, torch::Tensor>>(torch::ones({16 << 20}),
+                                                                               torch::ones({16 << 20}));
+      updates.emplace(std::min(processes, cores) - 1, std::max(1, cores / processes), [arrays] {
+        torch::NoGradGuard guard;
+        arrays->first.add_(arrays->second, -1e-9f);
+      });
+    }
+    o.stream_bytes_per_s = stream_bytes_per_s();
   }
   comm::apply_threads(saved_threads);
   const auto profiled = std::chrono::steady_clock::now();
