@@ -23,12 +23,13 @@
 //                 parallel all-reduce of stage j's gradients costs
 //                 link.latency_s + 2 (R-1)/R * grad bytes / link.allreduce_bytes_per_s
 //   oversubscribed  with more processes than cores, the pipeline is simulated with the ranks
-//                 sharing the cores (CostModel::cores = cores / R: at every moment the ranks that
-//                 have work share them equally, at shared_efficiency of their speed while they
-//                 outnumber the cores), the updates start together after the last
-//                 end and share the cores too: max_j end_j + max(max_j (optimizer_j +
-//                 allreduce_j), R sum_j optimizer_j / (cores shared_efficiency)), and never less than all ranks'
-//                 work over the cores
+//                 sharing the cores (CostModel::cores = cores / R: at every moment the ranks
+//                 that have work share them equally, at shared_efficiency of their speed while
+//                 they outnumber the cores, and each message costs its ranks shared_message_s);
+//                 the updates start together after the last end and share the cores too:
+//                 step = max_j end_j + max(max_j (optimizer_j + allreduce_j),
+//                                          R sum_j optimizer_j / (cores shared_efficiency)),
+//                 and never less than all ranks' work over the cores
 //
 // samples/s = replicas * batch rows / step.
 #pragma once

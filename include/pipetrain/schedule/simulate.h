@@ -30,19 +30,21 @@ struct CostModel {
   // the step actions run what is left first. Off: every W action costs backward_weight / V
   // where the list puts it.
   bool fill_waits = false;
-  // CPU cores the stages' ranks share; 0: a core each. Fewer cores than stages: the ranks
-  // take turns, as four processes on two cores do (as many or more: the same as 0). At every moment the ranks that
-  // have work share the cores equally (processor sharing), so while the pipeline fills and
-  // drains, and whenever most ranks wait, cores idle that the bound "all work over the cores"
-  // counts as busy. Fractional: a share of a machine (replicas of the pipeline beside it).
+  // CPU cores the stages' ranks share; 0: a core each. Fewer cores than stages: the ranks take
+  // turns, as four processes on two cores do (as many or more: the same timings as 0). At
+  // every moment the ranks that have work share the cores equally (processor sharing), so
+  // while the pipeline fills and drains, and whenever most ranks wait, cores idle that the
+  // bound "all work over the cores" counts as busy. Fractional: a share of a machine
+  // (replicas of the pipeline beside it).
   double cores = 0;
   // With shared cores, the share of a core's time that does a rank's work while more ranks can
   // run than there are cores: switching between them costs the rest (the kernel's time, caches
   // refilled). 1: switching is free.
   double shared_efficiency = 1;
-  // With fewer cores than stages, the work one message between stages costs its two ranks (half when
-  // posted, half when taken up): the communication threads' wake-ups and copies, which on cores
-  // of their own hide in the ranks' waits but on shared cores take turns with the compute.
+  // With fewer cores than stages, the work one message between stages costs its two ranks
+  // (half when posted, half when taken up): the communication threads' wake-ups and copies,
+  // which on cores of their own hide in the ranks' waits but on shared cores take turns with
+  // the compute.
   double message_work = 0;
   // Bytes per stage (memory.h); empty: the result's peak_memory_bytes stays empty.
   std::vector<StageMemory> memory;
