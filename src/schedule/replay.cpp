@@ -10,14 +10,6 @@ namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
-// One micro-batch's weight-gradient work that its input-gradient backward queued
-// (CostModel::fill_waits), in the order the backwards ran, as the engine's accumulator takes it.
-struct Queued {
-  int chunk = 0;
-  int micro_batch = 0;
-  double left = 0;
-};
-
 // A stage's queued weight work.
 struct WeightQueue {
   std::deque<Queued> items;
@@ -25,12 +17,7 @@ struct WeightQueue {
   // Runs queued work from `clock` until it is done or `until` comes: everything (chunk -1), or
   // that chunk's up to the last of `mbs` in the queue. Returns the new clock.
   double run(double clock, double until, int chunk = -1, const std::vector<int>& mbs = {}) {
-    size_t stop = items.size();
-    if (chunk >= 0) {
-      stop = 0;
-      for (size_t i = 0; i < items.size(); ++i)
-        if (items[i].chunk == chunk && std::find(mbs.begin(), mbs.end(), items[i].micro_batch) != mbs.end()) stop = i + 1;
-    }
+    size_t stop = chunk >= 0 ? weight_group_reach(items, chunk, mbs) : items.size();
     for (size_t i = 0; i < stop && clock < until;) {
       Queued& q = items[i];
       if (chunk >= 0 && q.chunk != chunk) {
@@ -49,6 +36,24 @@ struct WeightQueue {
 };
 
 }  // namespace
+
+WeightGroup weight_group_at(const std::vector<Action>& actions, size_t k, int stage) {
+  WeightGroup g;
+  const int chunk = actions[k].chunk;
+  for (g.end = k; g.end < actions.size() && actions[g.end].op == Op::backward_weight && actions[g.end].chunk == chunk;
+       ++g.end)
+    g.mbs.push_back(actions[g.end].micro_batch);
+  if (g.end < actions.size() && actions[g.end].op == Op::recv_grad && actions[g.end].peer_stage != stage)
+    g.paused_by = &actions[g.end];
+  return g;
+}
+
+size_t weight_group_reach(const std::deque<Queued>& queue, int chunk, const std::vector<int>& mbs) {
+  size_t reach = 0;
+  for (size_t i = 0; i < queue.size(); ++i)
+    if (queue[i].chunk == chunk && std::find(mbs.begin(), mbs.end(), queue[i].micro_batch) != mbs.end()) reach = i + 1;
+  return reach;
+}
 
 ReplayResult replay(const Schedule& s, const ReplayCosts& costs, bool record_times) {
   const int P = s.num_stages();
@@ -114,24 +119,21 @@ ReplayResult replay(const Schedule& s, const ReplayCosts& costs, bool record_tim
         // (stage_executor.cpp); later work waits for a wait to fill or a later group.
         const bool head = k == 0 || actions[k - 1].op != Op::backward_weight || actions[k - 1].chunk != a.chunk;
         if (head) {
-          size_t next = static_cast<size_t>(k);
-          std::vector<int> mbs;
-          while (next < actions.size() && actions[next].op == Op::backward_weight && actions[next].chunk == a.chunk)
-            mbs.push_back(actions[next++].micro_batch);
+          const WeightGroup group = weight_group_at(actions, static_cast<size_t>(k), j);
           double until = kNever;
-          if (next < actions.size() && actions[next].op == Op::recv_grad && actions[next].peer_stage != j) {
+          if (group.paused_by) {
             // Nothing this stage does before that receive can hold its message back, so
             // waiting here to learn when it comes cannot deadlock.
-            const size_t m = message_of(s, actions[next]);
+            const size_t m = message_of(s, *group.paused_by);
             if (arrival[m] < 0) {
               waiter[m] = j;
               break;
             }
             until = arrival[m];
           }
-          const double done = queues[j].run(clock[j], until, a.chunk, mbs);
+          const double done = queues[j].run(clock[j], until, a.chunk, group.mbs);
           group_at[j] = clock[j];
-          group_each[j] = (done - clock[j]) / static_cast<double>(next - static_cast<size_t>(k));
+          group_each[j] = (done - clock[j]) / static_cast<double>(group.end - static_cast<size_t>(k));
         }
         begin = group_at[j];
         end = begin + group_each[j];

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <deque>
 #include <vector>
 
 #include "pipetrain/schedule/schedule.h"
@@ -15,6 +17,28 @@ struct ReplayCosts {
   double shared_efficiency = 1;                 // CostModel::shared_efficiency (replay_shared)
   double message_work = 0;                      // CostModel::message_work (replay_shared)
 };
+
+// One micro-batch's weight-gradient work that its input-gradient backward queued
+// (CostModel::fill_waits), in the order the backwards ran, as the engine's accumulator takes it.
+struct Queued {
+  int chunk = 0;
+  int micro_batch = 0;
+  double left = 0;
+};
+
+// A run of consecutive W actions of one chunk, which the executor runs as one group from the
+// queue (fill_waits): positions [k, end) of the stage's list, their micro-batches, and the
+// receive right after them whose message pauses the group (null: none).
+struct WeightGroup {
+  size_t end = 0;
+  std::vector<int> mbs;
+  const Action* paused_by = nullptr;
+};
+WeightGroup weight_group_at(const std::vector<Action>& actions, size_t k, int stage);
+
+// How many of the queue's first items a group of `chunk` for `mbs` may run through: up to the
+// last of its micro-batches in the queue (0: none); it runs only its chunk's among them.
+size_t weight_group_reach(const std::deque<Queued>& queue, int chunk, const std::vector<int>& mbs);
 
 // Weight-gradient work run outside its own action (CostModel::fill_waits).
 struct ReplayFill {

@@ -27,18 +27,12 @@ namespace {
 constexpr double kNever = std::numeric_limits<double>::infinity();
 constexpr size_t kNone = std::numeric_limits<size_t>::max();
 
-struct Queued {
-  int chunk = 0;
-  int micro_batch = 0;
-  double left = 0;
-};
-
 // What a stage is doing between two events.
 enum class Task {
   action,  // the compute or send at position k (left: its work still to do)
   recv,    // waiting at the receive at position k; fills its wait with queued work (fill_waits)
   take,    // the receive at position k has its message: the rank's share of the message's work
-  group,   // a group of W actions from position k to group_end, run from the queue
+  group,   // a group of W actions from position k to group.end, run from the queue
   drain,   // queued work before the step action at position k, or (k past the end) before stopping
   done,
 };
@@ -50,9 +44,8 @@ struct Stage {
   double since = 0;           // when the current action, group or wait began
   double fill_from = -1;      // start of the current run of queued work outside an action (-1: none)
   std::deque<Queued> queue;   // W work queued by backward_input
-  int group_end = 0;          // one past the group's last W action
-  std::vector<int> group_mbs;
-  size_t group_until = kNone; // the message whose arrival pauses the group
+  WeightGroup group;          // the W group at position k
+  size_t group_until = kNone; // the message whose arrival pauses it
 };
 
 class SharedReplay {
@@ -114,16 +107,6 @@ class SharedReplay {
   const std::vector<Action>& actions(int j) const { return s_.stages[static_cast<size_t>(j)]; }
   double cost(int j, Op op) const { return c_.op[static_cast<size_t>(j)][static_cast<int>(op)]; }
 
-  // Position of the last queued item a group may run: its chunk's, up to the last of its
-  // micro-batches in the queue (replay.cpp's WeightQueue::run); kNone: nothing.
-  size_t group_stop(const Stage& g, int chunk) const {
-    size_t stop = kNone;
-    for (size_t i = 0; i < g.queue.size(); ++i)
-      if (g.queue[i].chunk == chunk &&
-          std::find(g.group_mbs.begin(), g.group_mbs.end(), g.queue[i].micro_batch) != g.group_mbs.end())
-        stop = i;
-    return stop;
-  }
   // The queued item the stage works on now (kNone: none).
   size_t front(int j) const {
     const Stage& g = st_[static_cast<size_t>(j)];
@@ -138,9 +121,8 @@ class SharedReplay {
         return g.queue.empty() ? kNone : 0;
       case Task::group: {
         const int chunk = actions(j)[static_cast<size_t>(g.k)].chunk;
-        const size_t stop = group_stop(g, chunk);
-        if (stop == kNone) return kNone;
-        for (size_t i = 0; i <= stop; ++i)
+        const size_t reach = weight_group_reach(g.queue, chunk, g.group.mbs);
+        for (size_t i = 0; i < reach; ++i)
           if (g.queue[i].chunk == chunk) return i;
         return kNone;
       }
@@ -207,18 +189,8 @@ class SharedReplay {
       g.task = Task::recv;
     } else if (c_.fill_waits && a.op == Op::backward_weight) {
       g.task = Task::group;
-      g.group_end = k;
-      g.group_mbs.clear();
-      auto in_group = [&](int i) {
-        return i < static_cast<int>(list.size()) && list[static_cast<size_t>(i)].op == Op::backward_weight &&
-               list[static_cast<size_t>(i)].chunk == a.chunk;
-      };
-      while (in_group(g.group_end)) g.group_mbs.push_back(list[static_cast<size_t>(g.group_end++)].micro_batch);
-      g.group_until = kNone;
-      if (g.group_end < static_cast<int>(list.size())) {
-        const Action& after = list[static_cast<size_t>(g.group_end)];
-        if (after.op == Op::recv_grad && after.peer_stage != j) g.group_until = message_of(s_, after);
-      }
+      g.group = weight_group_at(list, static_cast<size_t>(k), j);
+      g.group_until = g.group.paused_by ? message_of(s_, *g.group.paused_by) : kNone;
     } else if (c_.fill_waits && is_step(a.op) && !g.queue.empty()) {
       g.task = Task::drain;  // the rest of the queue, before the step
     } else {
@@ -276,10 +248,10 @@ class SharedReplay {
             g.group_until != kNone && arrival_[g.group_until] >= 0 && arrival_[g.group_until] <= now_;
         if (!paused && front(j) != kNone) return;
         // The group's span split evenly over its actions, as replay() records it.
-        const double each = (now_ - g.since) / static_cast<double>(g.group_end - g.k);
-        for (int i = g.k; i < g.group_end; ++i)
-          record(j, i, g.since + each * (i - g.k), g.since + each * (i - g.k + 1));
-        enter(j, g.group_end);
+        const int end = static_cast<int>(g.group.end);
+        const double each = (now_ - g.since) / static_cast<double>(end - g.k);
+        for (int i = g.k; i < end; ++i) record(j, i, g.since + each * (i - g.k), g.since + each * (i - g.k + 1));
+        enter(j, end);
       } else {  // drain
         if (front(j) != kNone) return;
         close_fill(j);

@@ -55,12 +55,13 @@ class BusyRanks {
   BusyRanks(int count, int threads, const std::function<void()>& work) {
     const auto& cpus = comm::process_cpus();
     const int world = count + 1;  // the profile is "rank" 0
-    if (world * threads <= static_cast<int>(cpus.size()))
-      comm::bind_this_thread(comm::plan_core_binding("on", cpus, 0, world, threads));
+    const bool fits = world * threads <= static_cast<int>(cpus.size());
+    auto cpus_of = [&](int rank) {
+      return fits ? comm::plan_core_binding("on", cpus, rank, world, threads) : std::vector<int>{};
+    };
+    comm::bind_this_thread(cpus_of(0));
     for (int i = 0; i < count; ++i) {
-      const auto own = world * threads <= static_cast<int>(cpus.size())
-                           ? comm::plan_core_binding("on", cpus, i + 1, world, threads)
-                           : std::vector<int>{};
+      const auto own = cpus_of(i + 1);
       threads_.emplace_back([this, work, own] {
         try {
           comm::bind_this_thread(own);
