@@ -23,10 +23,13 @@ namespace {
 constexpr int64_t kPanel = PackedWeight::kPanel;
 constexpr int kMaxTileRows = 8;  // the most rows of any instruction set's tile
 
-// What the tile after this one reads, to prefetch (null: nothing).
+// What later tiles read, to prefetch (null: nothing): `a`, the next tile's rows; `b_rows` rows
+// of a packed panel from `b`, one every 2^b_shift steps of the tile.
 struct Next {
   const float* a = nullptr;
   const float* b = nullptr;
+  int64_t b_rows = 0;
+  int b_shift = 0;
 };
 
 // One instruction set's tiles (small_gemm_tiles.inc), as the shared drivers below call them:
@@ -318,17 +321,28 @@ torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& 
   float* dst = dx.data_ptr<float>();
   const int64_t panels = (in + kPanel - 1) / kPanel;
   const Tiles& kern = tiles_in_use();
+  // The next panel (128 KiB from memory) is fetched a share per tile of this one: all of it
+  // during the first tile asked more of memory than one core gets, and AVX2's last tile (2 rows
+  // x 16 columns) is over before it could arrive. A share is every 2^shift-th step of a tile.
+  const int64_t tiles_per_panel = (m + kern.rows - 1) / kern.rows * (kPanel / kern.cols);
+  const int64_t share = (k + tiles_per_panel - 1) / tiles_per_panel;
+  int shift = 0;
+  while ((k >> (shift + 1)) >= share) ++shift;
   at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[kMaxTileRows][kPanel];
     for (int64_t p = begin; p < end; ++p) {
       const int64_t cols = std::min(kPanel, in - p * kPanel);
+      int64_t fetched = 0;  // rows of the next panel asked for so far
       for (int64_t r0 = 0; r0 < m; r0 += kern.rows) {
         const int rows = static_cast<int>(std::min<int64_t>(kern.rows, m - r0));
         for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
           Next next;
-          // During the panel's first tile, not its last: AVX2's last tile (2 rows x 16
-          // columns) is over long before 128 KiB of the next panel could arrive from memory.
-          if (r0 == 0 && c0 == 0 && p + 1 < end) next.b = weight.panel(p + 1);
+          if (p + 1 < end && fetched < k) {
+            next.b = weight.panel(p + 1) + fetched * kPanel;
+            next.b_rows = std::min(share, k - fetched);
+            next.b_shift = shift;
+            fetched += next.b_rows;
+          }
           kern.tile(rows, k, a + r0 * k, k, weight.panel(p) + c0, &acc[0][c0], next);
         }
         for (int i = 0; i < rows; ++i) std::copy(acc[i], acc[i] + cols, dst + (r0 + i) * in + p * kPanel);
