@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "pipetrain/engine/optimizer.h"
@@ -78,11 +79,29 @@ double PipelineEngine::local_grad_sqnorm() const {
     if (t.counts_in_norm) continue;
     for (const auto& p : t.params) skip.insert(p.unsafeGetTensorImpl());
   }
+  // The fast-path layers' kernels summed their gradients' squares as they wrote them. A
+  // collective may have written a gradient since, into its memory without a version bump, so
+  // those sums count only where none ran: one replica, no tensor parallelism, no tied copy.
+  const bool kernel_sums = num_replicas() == 1 && tensor_parallel_size() == 1;
+  std::set<const void*> tied;
+  for (const auto& t : tied_) {
+    for (const auto& p : t.params) tied.insert(p.unsafeGetTensorImpl());
+  }
   double sum = 0;
   for (const auto& p : parameters()) {
     if (!p.grad().defined() || skip.count(p.unsafeGetTensorImpl())) continue;
     // A tensor-parallel slice counts on every rank of the group, a replicated parameter once.
     if (tensor_rank() != 0 && !runtime::shard_layout(p)) continue;
+    if (kernel_sums && !tied.count(p.unsafeGetTensorImpl())) {
+      std::optional<double> known;
+      for (const auto& chunk : chunks_) {
+        if ((known = chunk->weight_grad_sqnorm(p))) break;
+      }
+      if (known) {
+        sum += *known;
+        continue;
+      }
+    }
     // One pass in the gradient's own precision (cascade-summed): an upcast copy costs more
     // than the optimizer step on a stage of 1024x1024 layers.
     const double n = p.grad().detach().norm().item<double>();

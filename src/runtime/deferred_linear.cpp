@@ -202,6 +202,8 @@ void DeferredLinear::input_gradient_done(int64_t mb, const torch::Tensor& dy) {
   if (done_.size() != blocks) {
     done_.assign(blocks, 0);
     started_.assign(blocks, false);
+    block_sq_.assign(blocks, 0.0);
+    block_sq_known_.assign(blocks, false);
   }
 }
 
@@ -291,8 +293,10 @@ void DeferredLinear::adopt_gradients() {
     }
   }
   std::fill(started_.begin(), started_.end(), had);
+  std::fill(block_sq_known_.begin(), block_sq_known_.end(), false);
   weight.mutable_grad() = dw_;
   if (bias.defined()) bias.mutable_grad() = db_;
+  sq_version_ = static_cast<int64_t>(dw_._version());
 }
 
 template <typename Operands>
@@ -319,8 +323,11 @@ void DeferredLinear::accumulate_block(size_t block, size_t upto) {
   if (grads_.at(order_[done_[block]]).scalar_type() == torch::kBFloat16) {
     native_weight_grad_bf16(dw_.data_ptr<float>(), db, begin, end, parts(operands_bf16_, done_[block], upto),
                             !started_[block]);
+    block_sq_known_[block] = false;
   } else {
-    native_weight_grad(dw_.data_ptr<float>(), db, begin, end, parts(operands_, done_[block], upto), !started_[block]);
+    native_weight_grad(dw_.data_ptr<float>(), db, begin, end, parts(operands_, done_[block], upto), !started_[block],
+                       &block_sq_[block]);
+    block_sq_known_[block] = true;
   }
   started_[block] = true;
   done_[block] = upto;
@@ -374,6 +381,21 @@ void DeferredLinear::group_product(const std::vector<int64_t>& mbs) {
     }
   }
   for (int64_t mb : mbs) forget(mb);
+}
+
+std::optional<double> DeferredLinear::weight_grad_sqnorm() const {
+  const auto& grad = layer_->weight.grad();
+  // Only the accumulator's own values, unchanged since its kernel wrote them: the kernel's
+  // writes leave the version alone, any in-place op on the gradient moves it.
+  if (!grad.defined() || !dw_.defined() || grad.unsafeGetTensorImpl() != dw_.unsafeGetTensorImpl()) return {};
+  if (static_cast<int64_t>(dw_._version()) != sq_version_) return {};
+  if (block_sq_known_.empty() ||
+      std::any_of(block_sq_known_.begin(), block_sq_known_.end(), [](bool known) { return !known; })) {
+    return {};
+  }
+  double sum = 0.0;
+  for (const double v : block_sq_) sum += v;
+  return sum;
 }
 
 std::vector<int64_t> DeferredLinear::pending() const {

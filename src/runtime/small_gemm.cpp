@@ -41,7 +41,8 @@ struct Tiles {
   void (*tile)(int rows, int64_t k_len, const float* a, int64_t lda, const float* bp, float* out, Next next);
   // dW rows [r0, r0 + rows), columns [col0, col0 + cols) of panel `panel` (cols: how many are real)
   void (*weight_tile)(int rows, const WeightGradOperands* const* parts, size_t num_parts, int64_t r0, int64_t panel,
-                      int64_t col0, float* dw, int64_t ldd, int64_t cols, bool fresh, const float* next_dw);
+                      int64_t col0, float* dw, int64_t ldd, int64_t cols, bool fresh, const float* next_dw,
+                      double* sq);
 };
 
 #ifdef PIPETRAIN_HAVE_NATIVE_KERNELS
@@ -63,6 +64,7 @@ struct Vec {
   }
   [[gnu::always_inline]] static inline Reg load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
   [[gnu::always_inline]] static inline void store(float* p, Mask m, Reg v) { _mm512_mask_storeu_ps(p, m, v); }
+  [[gnu::always_inline]] static inline Reg keep(Reg v, Mask m) { return _mm512_maskz_mov_ps(m, v); }
 };
 #include "small_gemm_tiles.inc"
 }  // namespace avx512
@@ -86,6 +88,7 @@ struct Vec {
   }
   [[gnu::always_inline]] static inline Reg load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
   [[gnu::always_inline]] static inline void store(float* p, Mask m, Reg v) { _mm256_maskstore_ps(p, m, v); }
+  [[gnu::always_inline]] static inline Reg keep(Reg v, Mask m) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
 };
 #include "small_gemm_tiles.inc"
 }  // namespace avx2
@@ -371,13 +374,21 @@ WeightGradOperands::WeightGradOperands(const torch::Tensor& dy_in, const torch::
 }
 
 void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
-                        const std::vector<const WeightGradOperands*>& parts, bool fresh) {
-  if (parts.empty()) return;
+                        const std::vector<const WeightGradOperands*>& parts, bool fresh, double* sqnorm) {
+  if (parts.empty()) {
+    // Nothing runs, so no tile could give the rows' squares.
+    if (sqnorm) throw BatchError("native_weight_grad: a sum of squares (sqnorm) needs at least one part");
+    return;
+  }
+  if (sqnorm) *sqnorm = 0.0;
   require_native("native_weight_grad");
   detail::check_weight_grad_call("native_weight_grad", "WeightGradOperands", dw, parts, r_begin, r_end);
   const int64_t out = parts.front()->out_features(), in = parts.front()->in_features();
   const int64_t panels = (in + kPanel - 1) / kPanel;
   const Tiles& kern = tiles_in_use();
+  // A sum per panel, added in order afterwards: the same bits however the panels are split
+  // across threads.
+  std::vector<double> panel_sq(sqnorm ? static_cast<size_t>(panels) : 0, 0.0);
   // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
@@ -394,12 +405,15 @@ void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
                               : more_columns    ? dw + r_begin * in + col0 + c0 + kern.cols
                                                 : nullptr;
           kern.weight_tile(rows, parts.data(), parts.size(), r0, p, c0, dw + r0 * in + col0 + c0, in, cols - c0,
-                           fresh, next);
+                           fresh, next, sqnorm ? &panel_sq[static_cast<size_t>(p)] : nullptr);
           r0 += rows;
         }
       }
     }
   });
+  if (sqnorm) {
+    for (const double v : panel_sq) *sqnorm += v;
+  }
   if (!db) return;
   // Row by row in order, as the products: the same bits however the rows are split.
   if (fresh) std::fill(db + r_begin, db + r_end, 0.0f);

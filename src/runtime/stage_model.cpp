@@ -101,6 +101,13 @@ bool StageModel::accumulates_natively() const {
   return std::any_of(deferred_.begin(), deferred_.end(), [](const DeferredLinear* d) { return d->accumulates_natively(); });
 }
 
+std::optional<double> StageModel::weight_grad_sqnorm(const torch::Tensor& param) const {
+  for (const auto* d : deferred_) {
+    if (d->layer()->weight.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return d->weight_grad_sqnorm();
+  }
+  return {};
+}
+
 void StageModel::finish_weight_groups() {
   for (auto* d : deferred_) d->accumulate_all();
 }

@@ -51,6 +51,8 @@ inline EngineConfig oracle_config(int micro_batches, const std::string& schedule
 
 struct OracleRun {
   std::vector<double> losses;                      // per step
+  std::vector<double> grad_norms;                  // per step: before clipping (NaN: skipped)
+  int64_t kernel_summed = 0;                       // pipeline: gradients whose norm a kernel summed (last step)
   std::map<std::string, torch::Tensor> params;     // "<layer>.<name>" after the last step
   int64_t weight_pauses = 0;                       // pipeline: over every rank and step
 };
@@ -108,11 +110,19 @@ inline OracleRun reference_run(const OracleCase& c) {
         if (p.grad().defined() && !torch::isfinite(p.grad()).all().item<bool>()) overflow = true;
       }
       scaler->update(overflow);
-      if (overflow) continue;
+      if (overflow) {
+        run.grad_norms.push_back(NAN);
+        continue;
+      }
       for (auto& p : params) {
         if (p.grad().defined()) p.mutable_grad().div_(scale);
       }
     }
+    double sq = 0;
+    for (const auto& p : params) {
+      if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+    }
+    run.grad_norms.push_back(std::sqrt(sq));
     if (config.gradient_clipping > 0) torch::nn::utils::clip_grad_norm_(params, config.gradient_clipping);
     set_learning_rate(*optimizer, config.scheduler.lr_at(s, config.optimizer.lr));
     optimizer->step();
@@ -143,7 +153,13 @@ inline OracleRun pipeline_run(const OracleCase& c) {
             return c.data(s, engine.replica(), i++);
           });
           run.losses.push_back(engine.train_batch(it));
+          run.grad_norms.push_back(engine.last_step().grad_norm);
           run.weight_pauses += engine.last_step().weight_pauses;
+        }
+        for (const auto& p : engine.parameters()) {
+          for (int chunk = 0; chunk < engine.num_chunks(); ++chunk) {
+            if (engine.chunk(chunk).weight_grad_sqnorm(p)) ++run.kernel_summed;
+          }
         }
         for (const auto& [name, p] : engine.named_parameters()) run.params[name] = p.detach().clone();
         comm->shutdown();
@@ -159,7 +175,11 @@ inline OracleRun pipeline_run(const OracleCase& c) {
   }
   OracleRun merged;
   merged.losses = runs[0].losses;
-  for (const auto& r : runs) merged.weight_pauses += r.weight_pauses;
+  merged.grad_norms = runs[0].grad_norms;  // the global norm, agreed by every rank
+  for (const auto& r : runs) {
+    merged.weight_pauses += r.weight_pauses;
+    merged.kernel_summed += r.kernel_summed;
+  }
   for (int rank = 0; rank < world; ++rank) {
     for (int r = 0; r < world; ++r) EXPECT_EQ(runs[static_cast<size_t>(r)].losses.size(), merged.losses.size());
     if (rank % c.replicas != 0) continue;  // replica 0 of each stage
@@ -179,6 +199,14 @@ inline void expect_same_training(const OracleCase& c, double rtol = 1e-4, double
   ASSERT_EQ(pipe.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
     EXPECT_NEAR(pipe.losses[s], ref.losses[s], atol + rtol * std::abs(ref.losses[s])) << "loss of step " << s;
+  }
+  ASSERT_EQ(pipe.grad_norms.size(), ref.grad_norms.size());
+  for (size_t s = 0; s < ref.grad_norms.size(); ++s) {
+    if (std::isnan(ref.grad_norms[s])) {
+      EXPECT_TRUE(std::isnan(pipe.grad_norms[s])) << "step " << s << " was skipped in one process";
+      continue;
+    }
+    EXPECT_NEAR(pipe.grad_norms[s], ref.grad_norms[s], atol + rtol * ref.grad_norms[s]) << "gradient norm of step " << s;
   }
   auto module = c.module();
   std::map<std::string, int64_t> first_use;

@@ -1,5 +1,6 @@
 // PipelineEngine against the oracle: the same layers trained in one process without a
-// pipeline give the same loss at every step and the same parameters after several steps.
+// pipeline give the same loss and gradient norm at every step and the same parameters after
+// several steps.
 // Tolerance: rtol 1e-4, atol 1e-6 (float32; the pipeline sums micro-batch gradients in
 // another order and fuses the weight-gradient products).
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 
 #include "engine/engine_models.h"
 #include "engine/engine_oracle.h"
+#include "pipetrain/runtime/small_gemm.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -165,6 +167,20 @@ TEST(Engine, ActivationCheckpointingWithClipping) {
   c.config.pipeline.activation_checkpoint_interval = 2;
   c.config.gradient_clipping = 0.05;
   expect_same_training(c);
+}
+
+// The gradient norm comes from the weight-gradient kernels where nothing else wrote the
+// gradients (each Linear weight's, the biases by LibTorch), and equals the one-process norm;
+// with replicas, whose all-reduce writes them, from a pass over memory again.
+TEST(Engine, GradientNormFromTheWeightGradientKernels) {
+  if (!runtime::native_gemm_available()) GTEST_SKIP() << "no native GEMM kernels on this CPU";
+  for (const int replicas : {1, 2}) {
+    auto c = mlp_case(2, 4, "1f1b", 4);
+    c.replicas = replicas;
+    OracleRun pipe;
+    expect_same_training(c, 1e-4, 1e-6, &pipe);
+    EXPECT_EQ(pipe.kernel_summed, replicas == 1 ? 4 : 0) << replicas << " replica(s): Linear weights whose norm a kernel summed";
+  }
 }
 
 TEST(Engine, WarmupScheduler) {

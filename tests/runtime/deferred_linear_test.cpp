@@ -181,6 +181,44 @@ TEST_P(DeferredLinearTest, AddsToAnExistingGradientAndLeavesAKeptOneAlone) {
   EXPECT_TRUE(torch::equal(kept, kept_copy)) << "a gradient the caller kept was overwritten";
 }
 
+// The native accumulator's kernel sums its gradient's squares on the way; that sum is offered
+// only while it still describes .grad: whole (every row block written this step), untouched
+// since (no in-place op), not replaced, and only on the native path.
+TEST_P(DeferredLinearTest, OffersTheGradientSquaresItsKernelSummed) {
+  torch::manual_seed(5);
+  torch::nn::Linear fast(40, 300);  // three row blocks, the last one ragged
+  DeferredLinear d(fast, GetParam());
+  auto backward = [&](int64_t mb) {
+    d.forward(torch::randn({6, 40}).requires_grad_(), mb).pow(2).sum().backward();
+  };
+  auto squares = [&] { return fast->weight.grad().to(torch::kDouble).pow(2).sum().item<double>(); };
+  backward(0);
+  backward(1);
+  EXPECT_FALSE(d.weight_grad_sqnorm()) << "no gradient yet";
+  if (GetParam() != GemmKernel::Native) {
+    d.backward_weight({0, 1});
+    EXPECT_FALSE(d.weight_grad_sqnorm()) << "the product path sums nothing";
+    return;
+  }
+  ASSERT_TRUE(d.accumulate_some(1));
+  EXPECT_FALSE(d.weight_grad_sqnorm()) << "two row blocks have not been written this step";
+  d.backward_weight({0, 1});
+  ASSERT_TRUE(d.weight_grad_sqnorm());
+  EXPECT_NEAR(*d.weight_grad_sqnorm(), squares(), 1e-5 * squares());
+
+  fast->weight.mutable_grad().mul_(0.5);  // clipping, say
+  EXPECT_FALSE(d.weight_grad_sqnorm()) << "changed in place since";
+
+  fast->weight.mutable_grad() = torch::Tensor();  // the next step
+  fast->bias.mutable_grad() = torch::Tensor();
+  backward(2);
+  d.backward_weight({2});
+  ASSERT_TRUE(d.weight_grad_sqnorm());
+  EXPECT_NEAR(*d.weight_grad_sqnorm(), squares(), 1e-5 * squares());
+  fast->weight.mutable_grad() = fast->weight.grad().clone();
+  EXPECT_FALSE(d.weight_grad_sqnorm()) << "replaced";
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, DeferredLinearTest,
                          ::testing::Values(GemmKernel::Blas, GemmKernel::OneDnn, GemmKernel::Native),
                          [](const auto& info) { return to_string(info.param); });

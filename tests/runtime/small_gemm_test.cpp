@@ -124,6 +124,33 @@ TEST_P(SmallGemmTest, WeightGradAccumulatesInPieces) {
   EXPECT_TRUE(matmul_close(fresh, dy2.t(), x2)) << "fresh";
 }
 
+// The sum of squares the weight-gradient tiles return equals that of the values they left in
+// dW, for each call's rows: continued, in pieces, fresh, with ragged tiles (whose lanes past the
+// matrix must not count).
+TEST_P(SmallGemmTest, WeightGradSumsTheSquaresItLeaves) {
+  const auto [m, in, out] = shape();
+  torch::manual_seed(m * 11 + in * 13 + out);
+  const auto dy1 = torch::randn({5, out}), x1 = torch::randn({5, in});
+  const auto dy2 = torch::randn({m, out}), x2 = torch::randn({m, in});
+  const WeightGradOperands a(dy1, x1), b(dy2, x2);
+  auto dw = torch::randn({out, in});
+  auto squares = [&](int64_t r0, int64_t r1) { return dw.slice(0, r0, r1).to(torch::kDouble).pow(2).sum().item<double>(); };
+  auto expect_sum = [&](double got, int64_t r0, int64_t r1, const char* what) {
+    const double want = squares(r0, r1);
+    // float32 sums of at most one tile's squares (8 x 32), then float64.
+    EXPECT_NEAR(got, want, 1e-5 * want + 1e-30) << what << ", rows [" << r0 << ", " << r1 << ")";
+  };
+  const int64_t split = out / 2;
+  double sq = -1;
+  native_weight_grad(dw.data_ptr<float>(), nullptr, 0, split, {&a}, false, &sq);
+  expect_sum(sq, 0, split, "continued from random values");
+  native_weight_grad(dw.data_ptr<float>(), nullptr, 0, split, {&b}, false, &sq);
+  expect_sum(sq, 0, split, "a second part");
+  native_weight_grad(dw.data_ptr<float>(), nullptr, split, out, {&a, &b}, true, &sq);
+  expect_sum(sq, split, out, "fresh, both parts in one call");
+  EXPECT_THROW(native_weight_grad(dw.data_ptr<float>(), nullptr, 0, out, {}, false, &sq), BatchError);
+}
+
 const Shape kShapes[] = {Shape{32, 1024, 1024}, Shape{1, 1, 1},   Shape{7, 33, 17},  Shape{8, 32, 8},
                          Shape{33, 64, 40},     Shape{70, 100, 31}, Shape{9, 16, 65}, Shape{0, 8, 8},
                          Shape{33, 40, 300},    Shape{13, 24, 13}};

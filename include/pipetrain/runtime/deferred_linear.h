@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -65,6 +66,13 @@ class DeferredLinear {
   // Whether float32 inputs take the native accumulator (so weight work queues and can fill
   // waits, StageModel::fill_weight_gradients); inputs of other dtypes still take the products.
   bool accumulates_natively() const { return native_eligible(layer_->weight); }
+
+  // The sum of squares of W's gradient as the native accumulator left it, computed by its
+  // kernel on the way (no pass over memory); none where the gradient is not the accumulator's
+  // alone: a block the kernel has not written this step, the bf16 kernels or the product path,
+  // a .grad replaced or changed in place since. The caller must also know that nothing wrote the
+  // gradient's memory without a version bump (a collective into a view does).
+  std::optional<double> weight_grad_sqnorm() const;
 
   // Micro-batches whose backward ran but whose weight gradient is still pending.
   std::vector<int64_t> pending() const;
@@ -129,6 +137,9 @@ class DeferredLinear {
   std::map<int64_t, std::unique_ptr<WeightGradOperands>> operands_;  // packed once, when first used
   std::map<int64_t, std::unique_ptr<WeightGradPairs>> operands_bf16_;  // the same on the bf16 kernels
   std::set<int64_t> completed_;               // taken in by every block (so asking again is a no-op)
+  std::vector<double> block_sq_;              // per row block: sum of squares the kernel left there
+  std::vector<bool> block_sq_known_;          // per row block: block_sq_ holds this step's values
+  int64_t sq_version_ = -1;                   // dw_'s version when the kernel took it over
   torch::Tensor dw_, db_;                     // handed to the parameters as their .grad
 };
 

@@ -118,7 +118,12 @@ class WeightGradOperands {
 // order, kept in float32 between calls, so any split of the parts or of the rows across calls
 // gives the same bits as one call: the engine can run a weight gradient in pieces, whenever a
 // stage would otherwise wait, without its result depending on the timing.
+// `sqnorm` (optional): set to the sum of squares of dW's rows [r_begin, r_end) as this call
+// leaves them (float32 within a tile, double across tiles; not db), computed while the tiles
+// are in registers (at least one part: a BatchError otherwise). The gradient norm then costs
+// no pass over memory.
 void native_weight_grad(float* dw, float* db, int64_t r_begin, int64_t r_end,
-                        const std::vector<const WeightGradOperands*>& parts, bool fresh);
+                        const std::vector<const WeightGradOperands*>& parts, bool fresh,
+                        double* sqnorm = nullptr);
 
 }  // namespace pipetrain::runtime

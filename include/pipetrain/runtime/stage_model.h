@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "pipetrain/batch/batch.h"
@@ -62,6 +63,9 @@ class StageModel {
   bool has_deferred_weights() const { return !deferred_.empty(); }
   // Some layer queues its weight work in the native accumulator (DeferredLinear).
   bool accumulates_natively() const;
+  // The squared norm of `param`'s gradient where a fast-path layer's kernel computed it
+  // (DeferredLinear::weight_grad_sqnorm: `param` is that layer's weight); none otherwise.
+  std::optional<double> weight_grad_sqnorm(const torch::Tensor& param) const;
 
   // The weights changed in place (optimizer step, checkpoint load): refresh cached copies.
   void weights_changed();
