@@ -322,13 +322,12 @@ void DeferredLinear::accumulate_block(size_t block, size_t upto) {
   // One precision per step (the engine's); the first queued micro-batch tells which.
   if (grads_.at(order_[done_[block]]).scalar_type() == torch::kBFloat16) {
     native_weight_grad_bf16(dw_.data_ptr<float>(), db, begin, end, parts(operands_bf16_, done_[block], upto),
-                            !started_[block]);
-    block_sq_known_[block] = false;
+                            !started_[block], &block_sq_[block]);
   } else {
     native_weight_grad(dw_.data_ptr<float>(), db, begin, end, parts(operands_, done_[block], upto), !started_[block],
                        &block_sq_[block]);
-    block_sq_known_[block] = true;
   }
+  block_sq_known_[block] = true;
   started_[block] = true;
   done_[block] = upto;
 }

@@ -46,25 +46,33 @@ namespace kernels {
   return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
 }
 
+// What later tiles read, to prefetch into L2 (null: nothing): `a`, the next tile's MR rows (same
+// stride); `b_rows` pair rows of a packed panel from `b`, one every 2^b_shift pairs of the tile.
+struct Next {
+  const uint16_t* a = nullptr;
+  const uint16_t* b = nullptr;
+  int64_t b_rows = 0;
+  int b_shift = 0;
+};
+
 // out[i * 32 + c] = sum_k a[i * lda + k] * S[k][c] for i < MR, c < 32, with `bp` one panel of
 // a PackedPairs S: per pair of k, 2 loads of the panel, MR broadcasts and 2 x MR VDPBF16PS.
-// next_a (the next tile's MR rows, same stride) and next_b (the next panel) are prefetched
-// into L2 alongside, as the float32 tile does and for the same reason.
+// What `next` names is prefetched alongside, as the float32 tile does and for the same reason.
 template <int MR>
-void tile(int64_t k_len, const uint16_t* a, int64_t lda, const uint16_t* bp, float* out, const uint16_t* next_a,
-          const uint16_t* next_b) {
+void tile(int64_t k_len, const uint16_t* a, int64_t lda, const uint16_t* bp, float* out, Next next) {
   __m512 c[MR][2];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
   const int64_t pairs = k_len / 2;
   for (int64_t j = 0; j < pairs; ++j) {
-    if (next_a && j % 16 == 0) {
+    if (next.a && j % 16 == 0) {
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(next_a + i * lda + 2 * j), _MM_HINT_T1);
+      for (int i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(next.a + i * lda + 2 * j), _MM_HINT_T1);
     }
-    if (next_b) {
-      _mm_prefetch(reinterpret_cast<const char*>(next_b + j * kPairRow), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(next_b + j * kPairRow + kPanel), _MM_HINT_T1);
+    if (next.b && (j & ((int64_t{1} << next.b_shift) - 1)) == 0 && (j >> next.b_shift) < next.b_rows) {
+      const uint16_t* row = next.b + (j >> next.b_shift) * kPairRow;
+      _mm_prefetch(reinterpret_cast<const char*>(row), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(row + kPanel), _MM_HINT_T1);
     }
     const __m512bh b0 = load_pairs(bp + j * kPairRow), b1 = load_pairs(bp + j * kPairRow + kPanel);
 #pragma GCC unroll 8
@@ -98,7 +106,7 @@ void tile(int64_t k_len, const uint16_t* a, int64_t lda, const uint16_t* bp, flo
 // from memory, so without it a third of the tile's time went to loading its accumulators.
 template <int MR>
 void weight_tile(const WeightGradPairs* const* parts, size_t num_parts, int64_t r0, int64_t panel, float* dw,
-                 int64_t ldd, int64_t cols, bool fresh, float* next_dw) {
+                 int64_t ldd, int64_t cols, bool fresh, float* next_dw, double* sq) {
   if (next_dw) {
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -133,24 +141,38 @@ void weight_tile(const WeightGradPairs* const* parts, size_t num_parts, int64_t 
     _mm512_mask_storeu_ps(dw + i * ldd, m0, c[i][0]);
     _mm512_mask_storeu_ps(dw + i * ldd + 16, m1, c[i][1]);
   }
+  if (sq) {  // the squares of what was stored, as the float32 tile sums them
+    __m512 s = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 v0 = _mm512_maskz_mov_ps(m0, c[i][0]), v1 = _mm512_maskz_mov_ps(m1, c[i][1]);
+      s = _mm512_fmadd_ps(v0, v0, s);
+      s = _mm512_fmadd_ps(v1, v1, s);
+    }
+    alignas(64) float lanes16[16];
+    _mm512_store_ps(lanes16, s);
+    float total = 0.0f;
+    for (int l = 0; l < 16; ++l) total += lanes16[l];
+    *sq += total;
+  }
 }
 
 template <int MR>
-void tile_rows(int rows, int64_t k_len, const uint16_t* a, int64_t lda, const uint16_t* bp, float* out,
-               const uint16_t* next_a, const uint16_t* next_b) {
+void tile_rows(int rows, int64_t k_len, const uint16_t* a, int64_t lda, const uint16_t* bp, float* out, Next next) {
   if constexpr (MR > 1) {
-    if (rows < MR) return tile_rows<MR - 1>(rows, k_len, a, lda, bp, out, next_a, next_b);
+    if (rows < MR) return tile_rows<MR - 1>(rows, k_len, a, lda, bp, out, next);
   }
-  tile<MR>(k_len, a, lda, bp, out, next_a, next_b);
+  tile<MR>(k_len, a, lda, bp, out, next);
 }
 
 template <int MR>
 void weight_tile_rows(int rows, const WeightGradPairs* const* parts, size_t num_parts, int64_t r0, int64_t panel,
-                      float* dw, int64_t ldd, int64_t cols, bool fresh, float* next_dw) {
+                      float* dw, int64_t ldd, int64_t cols, bool fresh, float* next_dw, double* sq) {
   if constexpr (MR > 1) {
-    if (rows < MR) return weight_tile_rows<MR - 1>(rows, parts, num_parts, r0, panel, dw, ldd, cols, fresh, next_dw);
+    if (rows < MR)
+      return weight_tile_rows<MR - 1>(rows, parts, num_parts, r0, panel, dw, ldd, cols, fresh, next_dw, sq);
   }
-  weight_tile<MR>(parts, num_parts, r0, panel, dw, ldd, cols, fresh, next_dw);
+  weight_tile<MR>(parts, num_parts, r0, panel, dw, ldd, cols, fresh, next_dw, sq);
 }
 
 }  // namespace kernels
@@ -284,11 +306,12 @@ torch::Tensor native_linear_bf16(const torch::Tensor& x_in, const torch::Tensor&
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r0 = t * kRows;
       const int rows = static_cast<int>(std::min<int64_t>(kRows, out - r0));
-      const uint16_t* next_a = t + 1 < end && rows == kRows ? w + (r0 + kRows) * k : nullptr;
+      kernels::Next next;
+      if (t + 1 < end && rows == kRows) next.a = w + (r0 + kRows) * k;
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t cols = std::min(kPanel, m - p * kPanel);
-        kernels::tile_rows<kRows>(rows, k, w + r0 * k, k, xt.panel(p), &acc[0][0], p + 1 == panels ? next_a : nullptr,
-                                  nullptr);
+        kernels::tile_rows<kRows>(rows, k, w + r0 * k, k, xt.panel(p), &acc[0][0],
+                                  p + 1 == panels ? next : kernels::Next{});
         for (int64_t c = 0; c < cols; ++c) {
           at::BFloat16* yrow = dst + (p * kPanel + c) * out + r0;
           for (int i = 0; i < rows; ++i) yrow[i] = at::BFloat16(acc[i][c] + (b ? b[r0 + i] : 0.0f));
@@ -316,14 +339,26 @@ torch::Tensor native_input_grad_bf16(const torch::Tensor& dy_in, const PackedPai
   const uint16_t* a = bits(dy);
   auto* dst = reinterpret_cast<at::BFloat16*>(dx.data_ptr<at::BFloat16>());
   const int64_t panels = (in + kPanel - 1) / kPanel;
+  // The next panel is fetched a share per tile of this one, as in native_input_grad.
+  const int64_t pair_rows = (k + 1) / 2, tiles_per_panel = (m + kRows - 1) / kRows;
+  const int64_t share = (pair_rows + tiles_per_panel - 1) / tiles_per_panel;
+  int shift = 0;
+  while ((pair_rows >> (shift + 1)) >= share) ++shift;
   at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[kRows][kPanel];
     for (int64_t p = begin; p < end; ++p) {
       const int64_t cols = std::min(kPanel, in - p * kPanel);
+      int64_t fetched = 0;  // pair rows of the next panel asked for so far
       for (int64_t r0 = 0; r0 < m; r0 += kRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r0));
-        const uint16_t* next_b = r0 == 0 && p + 1 < end ? weight.panel(p + 1) : nullptr;
-        kernels::tile_rows<kRows>(rows, k, a + r0 * k, k, weight.panel(p), &acc[0][0], nullptr, next_b);
+        kernels::Next next;
+        if (p + 1 < end && fetched < pair_rows) {
+          next.b = weight.panel(p + 1) + fetched * kPairRow;
+          next.b_rows = std::min(share, pair_rows - fetched);
+          next.b_shift = shift;
+          fetched += next.b_rows;
+        }
+        kernels::tile_rows<kRows>(rows, k, a + r0 * k, k, weight.panel(p), &acc[0][0], next);
         for (int i = 0; i < rows; ++i) {
           at::BFloat16* row = dst + (r0 + i) * in + p * kPanel;
           for (int64_t c = 0; c < cols; ++c) row[c] = at::BFloat16(acc[i][c]);
@@ -352,13 +387,17 @@ WeightGradPairs::WeightGradPairs(const torch::Tensor& dy_in, const torch::Tensor
 }
 
 void native_weight_grad_bf16(float* dw, float* db, int64_t r_begin, int64_t r_end,
-                             const std::vector<const WeightGradPairs*>& parts, bool fresh) {
-  if (parts.empty()) return;
+                             const std::vector<const WeightGradPairs*>& parts, bool fresh, double* sqnorm) {
+  if (parts.empty()) {
+    if (sqnorm) throw BatchError("native_weight_grad_bf16: a sum of squares (sqnorm) needs at least one part");
+    return;
+  }
   require_bf16_kernels("native_weight_grad_bf16");
   detail::check_weight_grad_call("native_weight_grad_bf16", "WeightGradPairs", dw, parts, r_begin, r_end);
   const int64_t out = parts.front()->out_features(), in = parts.front()->in_features();
 #ifdef PIPETRAIN_HAVE_BF16_KERNELS
   const int64_t panels = (in + kPanel - 1) / kPanel;
+  std::vector<double> panel_sq(sqnorm ? static_cast<size_t>(panels) : 0, 0.0);  // added in order below
   // Panel-major: one panel of x stays in cache while the tiles of dy^T pass.
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
@@ -371,12 +410,17 @@ void native_weight_grad_bf16(float* dw, float* db, int64_t r_begin, int64_t r_en
                       : p + 1 < end     ? dw + r_begin * in + col0 + kPanel
                                         : nullptr;
         kernels::weight_tile_rows<kRows>(rows, parts.data(), parts.size(), r0, p, dw + r0 * in + col0, in,
-                                         std::min(kPanel, in - col0), fresh, next);
+                                         std::min(kPanel, in - col0), fresh, next,
+                                         sqnorm ? &panel_sq[static_cast<size_t>(p)] : nullptr);
         r0 += rows;
       }
     }
   });
 #endif
+  if (sqnorm) {
+    *sqnorm = 0.0;
+    for (const double v : panel_sq) *sqnorm += v;
+  }
   if (!db) return;
   // Row by row in order, as the products: the same bits however the rows are split.
   if (fresh) std::fill(db + r_begin, db + r_end, 0.0f);

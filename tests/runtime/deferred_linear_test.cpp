@@ -107,6 +107,9 @@ TEST(DeferredLinearBf16, TakesTheBf16KernelsAndSumsTheWeightGradientInFloat32) {
   EXPECT_TRUE(pipetrain::testing::within_sum_bound(layer->weight.grad(), torch::mm(dy.t(), x),
                                                    torch::mm(dy.abs().t(), x.abs()), x.size(0)));
   EXPECT_TRUE(pipetrain::testing::within_sum_bound(layer->bias.grad(), dy.sum(0), dy.abs().sum(0), x.size(0)));
+  const double squares = layer->weight.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  ASSERT_TRUE(d.weight_grad_sqnorm()) << "the bf16 kernel sums the squares too";
+  EXPECT_NEAR(*d.weight_grad_sqnorm(), squares, 1e-5 * squares);
 }
 
 TEST_P(DeferredLinearTest, SequenceInputsAndNoInputGradient) {
@@ -183,7 +186,7 @@ TEST_P(DeferredLinearTest, AddsToAnExistingGradientAndLeavesAKeptOneAlone) {
 
 // The native accumulator's kernel sums its gradient's squares on the way; that sum is offered
 // only while it still describes .grad: whole (every row block written this step), untouched
-// since (no in-place op), not replaced, and only on the native path.
+// since (no in-place op), not replaced, and only on the native path (bf16: the test above).
 TEST_P(DeferredLinearTest, OffersTheGradientSquaresItsKernelSummed) {
   torch::manual_seed(5);
   torch::nn::Linear fast(40, 300);  // three row blocks, the last one ragged

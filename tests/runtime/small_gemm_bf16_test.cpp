@@ -102,6 +102,22 @@ TEST_P(SmallGemmBf16Test, WeightGradAccumulatesInPiecesInFloat32) {
   EXPECT_TRUE(pipetrain::testing::matmul_close(fresh, d(dy2).t(), d(x2))) << "fresh";
 }
 
+// As the float32 tile: the sum of squares returned is that of the float32 values left in dW.
+TEST_P(SmallGemmBf16Test, WeightGradSumsTheSquaresItLeaves) {
+  const auto [m, in, out] = GetParam();
+  torch::manual_seed(m * 11 + in * 13 + out);
+  const WeightGradPairs a(bf16_randn({5, out}), bf16_randn({5, in})), b(bf16_randn({m, out}), bf16_randn({m, in}));
+  auto dw = torch::randn({out, in});
+  auto squares = [&](int64_t r0, int64_t r1) { return d(dw.slice(0, r0, r1)).pow(2).sum().item<double>(); };
+  const int64_t split = out / 2;
+  double sq = -1;
+  native_weight_grad_bf16(dw.data_ptr<float>(), nullptr, 0, split, {&a, &b}, false, &sq);
+  EXPECT_NEAR(sq, squares(0, split), 1e-5 * squares(0, split) + 1e-30) << "continued";
+  native_weight_grad_bf16(dw.data_ptr<float>(), nullptr, split, out, {&b}, true, &sq);
+  EXPECT_NEAR(sq, squares(split, out), 1e-5 * squares(split, out) + 1e-30) << "fresh";
+  EXPECT_THROW(native_weight_grad_bf16(dw.data_ptr<float>(), nullptr, 0, out, {}, false, &sq), BatchError);
+}
+
 const Shape kShapes[] = {Shape{32, 1024, 1024}, Shape{1, 1, 1},    Shape{7, 33, 17},  Shape{8, 32, 8},
                          Shape{33, 64, 40},     Shape{70, 100, 31}, Shape{9, 16, 65}, Shape{0, 8, 8},
                          Shape{33, 40, 300},    Shape{13, 24, 13}};

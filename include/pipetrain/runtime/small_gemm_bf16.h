@@ -85,8 +85,10 @@ class WeightGradPairs {
 };
 
 // native_weight_grad for bf16 parts: rows [r_begin, r_end) of the float32 dW (out x in) and db
-// take in the parts in order, float32 sums, the same bits however parts and rows are split.
+// take in the parts in order, float32 sums, the same bits however parts and rows are split;
+// `sqnorm` as there.
 void native_weight_grad_bf16(float* dw, float* db, int64_t r_begin, int64_t r_end,
-                             const std::vector<const WeightGradPairs*>& parts, bool fresh);
+                             const std::vector<const WeightGradPairs*>& parts, bool fresh,
+                             double* sqnorm = nullptr);
 
 }  // namespace pipetrain::runtime
