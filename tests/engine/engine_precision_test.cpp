@@ -257,7 +257,10 @@ TEST(EnginePrecision, Fp16OverflowOnOneStageSkipsTheStepOnEveryRank) {
   c.config = config;
   c.config.train_batch_size = 0;
   c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 6, 3); };
-  expect_same_training(c);
+  // The fused path's tolerance (PipelineEqualsOneProcessInTheSamePrecision): a group's weight
+  // gradient is one fp16 product where the reference rounds each micro-batch's. The parameters
+  // stay within 1e-4, the whole model's gradient norm moved 1.2e-4 (LibTorch 2.6).
+  expect_same_training(c, 1e-3, 1e-4);
 }
 
 // The parser refuses ZeRO-2/3; a config built in code meets the same check in the engine.
