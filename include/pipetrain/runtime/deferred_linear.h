@@ -70,8 +70,8 @@ class DeferredLinear {
   // The sum of squares of W's gradient as the native accumulator left it, computed by its
   // kernel on the way (no pass over memory; the float32 and bf16 kernels alike); none where the
   // gradient is not the accumulator's alone: a block the kernel has not written this step, the
-  // product path, a .grad replaced or changed in place since. The caller must also know that nothing wrote the
-  // gradient's memory without a version bump (a collective into a view does).
+  // product path, a .grad replaced or changed in place since. The caller must also know that
+  // nothing wrote the gradient's memory without a version bump (a collective into a view does).
   std::optional<double> weight_grad_sqnorm() const;
 
   // Micro-batches whose backward ran but whose weight gradient is still pending.
