@@ -74,19 +74,17 @@ void PipelineEngine::reduce_data_parallel_grads() {
 
 double PipelineEngine::local_grad_sqnorm() const {
   // Each parameter counts once in the pipeline: a tied module only on its lowest stage.
-  std::set<const void*> skip;
+  std::set<const void*> skip, tied;
   for (const auto& t : tied_) {
-    if (t.counts_in_norm) continue;
-    for (const auto& p : t.params) skip.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : t.params) {
+      tied.insert(p.unsafeGetTensorImpl());
+      if (!t.counts_in_norm) skip.insert(p.unsafeGetTensorImpl());
+    }
   }
   // The fast-path layers' kernels summed their gradients' squares as they wrote them. A
   // collective may have written a gradient since, into its memory without a version bump, so
   // those sums count only where none ran: one replica, no tensor parallelism, no tied copy.
   const bool kernel_sums = num_replicas() == 1 && tensor_parallel_size() == 1;
-  std::set<const void*> tied;
-  for (const auto& t : tied_) {
-    for (const auto& p : t.params) tied.insert(p.unsafeGetTensorImpl());
-  }
   double sum = 0;
   for (const auto& p : parameters()) {
     if (!p.grad().defined() || skip.count(p.unsafeGetTensorImpl())) continue;

@@ -324,13 +324,9 @@ torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& 
   float* dst = dx.data_ptr<float>();
   const int64_t panels = (in + kPanel - 1) / kPanel;
   const Tiles& kern = tiles_in_use();
-  // The next panel (128 KiB from memory) is fetched a share per tile of this one: all of it
-  // during the first tile asked more of memory than one core gets, and AVX2's last tile (2 rows
-  // x 16 columns) is over before it could arrive. A share is every 2^shift-th step of a tile.
-  const int64_t tiles_per_panel = (m + kern.rows - 1) / kern.rows * (kPanel / kern.cols);
-  const int64_t share = (k + tiles_per_panel - 1) / tiles_per_panel;
-  int shift = 0;
-  while ((k >> (shift + 1)) >= share) ++shift;
+  // The next panel (128 KiB from memory) a share per tile; AVX2's last tile (2 rows x 16
+  // columns) is over long before a whole panel could arrive.
+  const detail::PanelShares shares(k, (m + kern.rows - 1) / kern.rows * (kPanel / kern.cols));
   at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[kMaxTileRows][kPanel];
     for (int64_t p = begin; p < end; ++p) {
@@ -340,11 +336,10 @@ torch::Tensor native_input_grad(const torch::Tensor& dy_in, const PackedWeight& 
         const int rows = static_cast<int>(std::min<int64_t>(kern.rows, m - r0));
         for (int64_t c0 = 0; c0 < cols; c0 += kern.cols) {
           Next next;
-          if (p + 1 < end && fetched < k) {
+          if (p + 1 < end && fetched < shares.rows) {
             next.b = weight.panel(p + 1) + fetched * kPanel;
-            next.b_rows = std::min(share, k - fetched);
-            next.b_shift = shift;
-            fetched += next.b_rows;
+            next.b_shift = shares.shift;
+            next.b_rows = shares.take(fetched);
           }
           kern.tile(rows, k, a + r0 * k, k, weight.panel(p) + c0, &acc[0][c0], next);
         }

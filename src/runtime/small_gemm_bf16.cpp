@@ -339,11 +339,8 @@ torch::Tensor native_input_grad_bf16(const torch::Tensor& dy_in, const PackedPai
   const uint16_t* a = bits(dy);
   auto* dst = reinterpret_cast<at::BFloat16*>(dx.data_ptr<at::BFloat16>());
   const int64_t panels = (in + kPanel - 1) / kPanel;
-  // The next panel is fetched a share per tile of this one, as in native_input_grad.
-  const int64_t pair_rows = (k + 1) / 2, tiles_per_panel = (m + kRows - 1) / kRows;
-  const int64_t share = (pair_rows + tiles_per_panel - 1) / tiles_per_panel;
-  int shift = 0;
-  while ((pair_rows >> (shift + 1)) >= share) ++shift;
+  // The next panel's pair rows a share per tile, as in native_input_grad.
+  const detail::PanelShares shares((k + 1) / 2, (m + kRows - 1) / kRows);
   at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[kRows][kPanel];
     for (int64_t p = begin; p < end; ++p) {
@@ -352,11 +349,10 @@ torch::Tensor native_input_grad_bf16(const torch::Tensor& dy_in, const PackedPai
       for (int64_t r0 = 0; r0 < m; r0 += kRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r0));
         kernels::Next next;
-        if (p + 1 < end && fetched < pair_rows) {
+        if (p + 1 < end && fetched < shares.rows) {
           next.b = weight.panel(p + 1) + fetched * kPairRow;
-          next.b_rows = std::min(share, pair_rows - fetched);
-          next.b_shift = shift;
-          fetched += next.b_rows;
+          next.b_shift = shares.shift;
+          next.b_rows = shares.take(fetched);
         }
         kernels::tile_rows<kRows>(rows, k, a + r0 * k, k, weight.panel(p), &acc[0][0], next);
         for (int i = 0; i < rows; ++i) {

@@ -1,9 +1,11 @@
-// The checks the native kernels' entry points make before a kernel reads raw memory, shared by
-// the float32 kernels (small_gemm.cpp) and the bf16 ones (small_gemm_bf16.cpp).
+// The checks the native kernels' entry points make before a kernel reads raw memory, and the
+// input gradient's prefetch plan, shared by the float32 kernels (small_gemm.cpp) and the bf16
+// ones (small_gemm_bf16.cpp).
 #pragma once
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -64,5 +66,25 @@ void check_weight_grad_call(const std::string& who, const std::string& part_type
                      ") lie outside the gradient's 0.." + std::to_string(out));
   }
 }
+
+// The input gradient fetches the next packed panel (`rows` rows) a share per tile of the current
+// one: all of it during one tile asks more of memory than one core gets. A tile fetches one row
+// every 2^shift of its `rows` steps, so a share is at most rows >> shift rows.
+struct PanelShares {
+  PanelShares(int64_t rows, int64_t tiles_per_panel)
+      : rows(rows), share((rows + tiles_per_panel - 1) / tiles_per_panel) {
+    while ((rows >> (shift + 1)) >= share) ++shift;
+  }
+  // How many rows the next tile fetches from row `fetched` (< rows) on; advances `fetched`.
+  int64_t take(int64_t& fetched) const {
+    const int64_t n = std::min(share, rows - fetched);
+    fetched += n;
+    return n;
+  }
+
+  int64_t rows;
+  int64_t share;
+  int shift = 0;
+};
 
 }  // namespace pipetrain::runtime::detail
