@@ -33,7 +33,10 @@ CXXFLAGS_EXTRA=""
 if [[ -d $DEPS/usr ]]; then
   DEPS=$(cd "$DEPS" && pwd)
   PREFIX="$PREFIX;$DEPS/usr"
-  ZLIB_SO=$(ls /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1 /usr/lib64/libz.so.1 2>/dev/null | head -n 1)
+  ZLIB_SO=""
+  for so in /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1 /usr/lib64/libz.so.1; do
+    [[ -e $so ]] && { ZLIB_SO=$so; break; }
+  done
   ARGS+=(-DZLIB_INCLUDE_DIR="$DEPS/usr/include" ${ZLIB_SO:+-DZLIB_LIBRARY="$ZLIB_SO"})
   # A pip torch bundles its own fmt headers ahead of Debian's on the include path: header-only
   # fmt keeps every unit on one fmt whichever it finds.
@@ -47,8 +50,10 @@ command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 set -e
 cmake -S . -B "$BUILD_DIR" "${GENERATOR[@]}" "${ARGS[@]}" -DCMAKE_PREFIX_PATH="$PREFIX" \
   -DCMAKE_CXX_FLAGS="$CXXFLAGS_EXTRA" 2>&1 | tee "$LOG_DIR/configure.log"
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target pipetrain_cli test_runtime test_engine test_comm 2>&1 |
-  tee "$LOG_DIR/build.log" | grep -E "error|Error|FAILED|warning: unused" | head -n 60
+# The build's own status decides; the grep only shows what went wrong (under pipefail a grep
+# that finds nothing, a clean build, would otherwise end the script here).
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target pipetrain_cli test_runtime test_engine test_comm \
+  >"$LOG_DIR/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG_DIR/build.log" | head -n 60; exit 1; }
 set +e
 status=0
 "$BUILD_DIR/tests/test_runtime" --gtest_filter='Stream*:ResolveDevice*:CopyTo*:DeviceMemory*' 2>&1 | tail -n 25 || status=1
@@ -57,7 +62,7 @@ status=0
   tee "$LOG_DIR/test_engine.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED|     OK) |Failure|^\[==" | head -n 60 || status=1
 # GPipe's own suite places partitions on the default devices, which are the CPU there: run it
 # with the GPUs hidden (with them, the default is every visible GPU, as in torchgpipe).
-CUDA_VISIBLE_DEVICES= "$BUILD_DIR/tests/test_engine" --gtest_filter='GPipe*' 2>&1 |
+CUDA_VISIBLE_DEVICES='' "$BUILD_DIR/tests/test_engine" --gtest_filter='GPipe*' 2>&1 |
   tee "$LOG_DIR/test_gpipe.log" | grep -E "^\[  (FAILED|PASSED) |Failure|^\[==" | head -n 30 || status=1
 RUN_DIR=$(mktemp -d)
 "$BUILD_DIR/pipetrain" train --example mlp --stages 2 --steps 20 --run-dir "$RUN_DIR" 2>&1 |

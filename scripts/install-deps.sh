@@ -10,7 +10,8 @@ PACKAGES=(
   libopenblas0-openmp
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
-  openmpi-bin libopenmpi-dev iproute2 procps
+  openmpi-bin libopenmpi-dev iproute2 procps shellcheck
+  python3-torch python3-dev pybind11-dev python3-pytest python3-pip python3-setuptools python3-wheel
   dataset-fashion-mnist fortunes
 )
 missing=()

@@ -30,19 +30,19 @@ grid() {
   fi
 }
 
-subject_args() {
+subject_args() {  # fills the array args with the flags that name subject $1
   case "$1" in
-    mlp | mlp-4) echo "--workload $1" ;;
-    *) echo "--example $1" ;;
+    mlp | mlp-4) args=(--workload "$1") ;;
+    *) args=(--example "$1") ;;
   esac
 }
 
 for s in "${SUBJECTS[@]}"; do
-  args=$(subject_args "$s")
+  subject_args "$s"
   procs=2
   [ "$s" = mlp-4 ] && procs=4
   echo "== $s: $procs processes, $REPEAT rounds x $STEPS steps per layout (medians) =="
-  "$BIN" plan $args --processes "$procs" >"$OUT/$s-plan.txt"
+  "$BIN" plan "${args[@]}" --processes "$procs" >"$OUT/$s-plan.txt"
   sed 's/^/  /' "$OUT/$s-plan.txt" | sed -n '1,4p'
   mapfile -t layouts < <(grid "$procs")
   : >"$OUT/$s-runs.jsonl"
@@ -52,7 +52,7 @@ for s in "${SUBJECTS[@]}"; do
         line=$("$BIN" bench --plan "$OUT/$s-plan.txt" --steps "$STEPS" --warmup 2 --json 2>/dev/null | tail -1) || line=""
       else
         read -r st rep sched m <<<"$layout"
-        line=$("$BIN" bench $args --stages "$st" --replicas "$rep" --schedule "$sched" --micro-batches "$m" \
+        line=$("$BIN" bench "${args[@]}" --stages "$st" --replicas "$rep" --schedule "$sched" --micro-batches "$m" \
           --steps "$STEPS" --warmup 2 --skip-baseline --json 2>/dev/null | tail -1) || line=""
       fi
       [ -n "$line" ] && echo "{\"layout\": \"$layout\", \"run\": $line}" >>"$OUT/$s-runs.jsonl"

@@ -22,7 +22,8 @@ PACKAGES=(
   libtorch-dev libgloo-dev libopenblas0-openmp
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
-  openmpi-bin libopenmpi-dev iproute2 procps
+  openmpi-bin libopenmpi-dev iproute2 procps shellcheck
+  python3-torch python3-dev pybind11-dev python3-pytest python3-pip python3-setuptools python3-wheel
   dataset-fashion-mnist fortunes
 )
 
@@ -48,7 +49,9 @@ mount_once() {  # mount_once TARGET mount-args...
 # A chroot whose package install did not finish is made again from scratch.
 if [ ! -f "$ROOT/.pipetrain-ready" ]; then
   # Nothing of the host may be mounted inside what is deleted (a run killed before cleanup).
-  findmnt -rn -o TARGET | grep "^$ROOT" | sort -r | xargs -r -n1 $SUDO umount -l
+  # awk, not grep: under pipefail a grep that finds nothing (every fresh machine) stops the script.
+  findmnt -rn -o TARGET | awk -v root="$ROOT" '$0 == root || index($0, root "/") == 1' |
+    sort -r | xargs -r -n1 $SUDO umount -l
   $SUDO rm -rf "$ROOT"
   $SUDO mkdir -p "$ROOT"
   echo "pipetrain: debootstrap trixie into $ROOT"
@@ -70,6 +73,7 @@ fi
 # The checkout appears at /src; build and ccache stay in the chroot (cached with it).
 $SUDO mkdir -p "$ROOT/src"
 mount_once "$ROOT/src" --bind "$SRC"
+# shellcheck disable=SC2016  # the inner script expands its variables inside the chroot
 $SUDO chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
   CCACHE_DIR=/var/cache/ccache PIPETRAIN_BUILD_DIR=/build CI="${CI:-}" \
   bash -c 'set -euo pipefail
