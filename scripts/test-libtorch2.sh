@@ -79,6 +79,10 @@ $SUDO chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/ro
   bash -c 'set -euo pipefail
     cd /src
     start=$SECONDS
-    bash scripts/build.sh
+    bash scripts/build.sh -DPIPETRAIN_PYTHON=ON
     echo "pipetrain: LibTorch $(dpkg-query -W -f="\${Version}" libtorch-dev) (Debian $(cat /etc/debian_version)) build took $((SECONDS - start)) s"
-    ctest --test-dir /build --output-on-failure -j "$(nproc)" "$@"' bash "$@"
+    if ! ctest --test-dir /build --output-on-failure -j "$(nproc)" "$@"; then
+      echo "pipetrain: tests failed; running the failed ones again to show their output last"
+      ctest --test-dir /build --rerun-failed --output-on-failure || true
+      exit 1
+    fi' bash "$@"
