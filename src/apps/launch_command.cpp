@@ -20,6 +20,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
     double time_limit = 0;
     std::string log_dir;
     int max_restarts = 0;
+    bool oversubscribe = false;
     std::vector<std::string> command;
   };
   auto args = std::make_shared<Args>();
@@ -46,6 +47,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "TORCHELASTIC_RESTART_COUNT tell the ranks, which resume from their checkpoint)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  sub->add_flag("--oversubscribe", args->oversubscribe, "start the ranks even when they are more than 8 per core");
   sub->add_option("command", args->command, "the command to run and its arguments, after --")->required();
   sub->footer("Example: pipetrain launch --nproc 2 -- pipetrain train --config mlp.json");
   sub->callback([args, &exit_code] {
@@ -56,7 +58,8 @@ void add_launch_command(CLI::App& app, int& exit_code) {
         .threads_per_rank(args->threads_per_rank)
         .grace_period(std::chrono::milliseconds(static_cast<int64_t>(args->grace_period * 1000)))
         .time_limit(std::chrono::milliseconds(static_cast<int64_t>(args->time_limit * 1000)))
-        .log_dir(args->log_dir);
+        .log_dir(args->log_dir)
+        .oversubscribe(args->oversubscribe);
     const comm::LaunchResult result =
         comm::launch_with_restarts(args->command, options, args->max_restarts, [&](const auto& failed, int restart) {
           std::cerr << fmt::format("pipetrain launch: {}; restarting all ranks ({} of {})\n", failed.message, restart,

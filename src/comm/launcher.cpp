@@ -2,6 +2,7 @@
 #include "pipetrain/comm/launcher.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -134,6 +135,13 @@ std::string RankExit::describe() const {
 
 void LaunchOptions::validate() const {
   if (nproc_ < 1) throw ConfigError("--nproc " + std::to_string(nproc_) + " must be >= 1");
+  const int cores = available_cores();
+  if (!oversubscribe_ && nproc_ > kMaxRanksPerCore * cores) {
+    throw ConfigError(fmt::format(
+        "{} processes on {} core{} is more than {} per core (at most {} here); use fewer stages, replicas or ranks, "
+        "or pass --oversubscribe to start them anyway",
+        nproc_, cores, cores == 1 ? "" : "s", kMaxRanksPerCore, kMaxRanksPerCore * cores));
+  }
   if (master_port_ < 0 || master_port_ > 65535) {
     throw ConfigError("--master-port " + std::to_string(master_port_) + " is not a TCP port (1..65535, or 0 for a free one)");
   }

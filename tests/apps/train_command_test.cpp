@@ -414,5 +414,27 @@ TEST_F(TrainCommand, BadArgumentsGiveOneLineAndUsage) {
   EXPECT_NE(r.output.find("no checkpoint"), std::string::npos) << r.output;
 }
 
+// An impossible layout is one line naming the numbers and the fix, before any process starts
+// (no run directory made or announced); it used to fork a worker per stage first.
+TEST_F(TrainCommand, ImpossibleLayoutsFailBeforeAnyProcessStarts) {
+  const auto run_dir = dir_ / "never";
+  struct Case {
+    std::string args, expect;
+  };
+  for (const Case& c : {Case{"--stages 1000", "--stages 1000 is more than the example's"},
+                        Case{"--stages 2 --replicas 20000", "40000 processes on"}}) {
+    SCOPED_TRACE(c.args);
+    const auto r = cli("train --example mlp --steps 2 --run-dir " + run_dir.string() + " " + c.args, 30);
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("run directory:"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(run_dir)) << "the run directory was made before the layout was checked";
+  }
+  const auto r = cli("launch -n 100000 -- true", 30);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("100000 processes on"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--oversubscribe"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace pipetrain::apps

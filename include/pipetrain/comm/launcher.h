@@ -22,6 +22,10 @@ namespace pipetrain::comm {
 // then SIGKILL once this grace period has passed.
 constexpr std::chrono::milliseconds kDefaultGracePeriod{5'000};
 
+// The most ranks per core launch() starts without LaunchOptions::oversubscribe: the tests run 8
+// ranks on 2 cores; past 8 a core each rank mostly waits for its turn and every timeout is at risk.
+constexpr int kMaxRanksPerCore = 8;
+
 using EnvMap = std::map<std::string, std::string>;
 
 struct LaunchOptions {
@@ -42,6 +46,9 @@ struct LaunchOptions {
   // Forward SIGINT, SIGTERM and SIGHUP received by this process to every rank.
   TORCH_ARG(bool, forward_signals) = true;
   TORCH_ARG(int, restart_count) = 0;
+  // More ranks than kMaxRanksPerCore x cores is refused before anything starts (a typo such as
+  // --stages 1000 would otherwise fork a thousand LibTorch processes); true lifts the limit.
+  TORCH_ARG(bool, oversubscribe) = false;
 
  public:
   void validate() const;  // ConfigError naming the bad option

@@ -102,6 +102,7 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
       ->check(CLI::Range(0.0, 0.999));
   sub.add_option("--log-every", args->log_every, "steps between progress lines when not on a terminal");
   sub.add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per process (0: cores / processes)");
+  sub.add_flag("--oversubscribe", args->oversubscribe, "start the processes even when they are more than 8 per core");
   sub.add_option("--time-limit", args->time_limit, "stop every process after this many seconds (0: none)");
   sub.add_option("--sample-length", args->sample_length, "characters of generated text at the end (gpt)");
   sub.add_flag("--worker", args->worker, "internal: run as one rank")->group("");

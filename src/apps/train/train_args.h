@@ -28,6 +28,7 @@ struct TrainArgs {
   bool resume = false;
   int64_t checkpoint_every = 0;  // also save every N steps (0: at the end only)
   int max_restarts = 0;          // restart the ranks after a failure, resuming from the checkpoint
+  bool oversubscribe = false;    // start more than comm::kMaxRanksPerCore processes per core
   int64_t eval_every = 0;
   int64_t eval_samples = 0;  // 0: the whole evaluation set
   double dropout = 0;        // GPT-2's dropout (gpt)

@@ -66,6 +66,23 @@ void print_summary(const json& s) {
   std::cout << "tensorboard       " << s["tensorboard"].get<std::string>() << "\n";
 }
 
+// The layout against the model and the machine, before a process starts: each stage needs a
+// layer, and the launcher's per-core limit is checked here too so the error names the layout.
+void check_layout(int stages, int layers, int nproc, const TrainArgs& args) {
+  if (stages > layers) {
+    throw ConfigError(fmt::format("--stages {} is more than the example's {} layers; give at most --stages {}", stages,
+                                  layers, layers));
+  }
+  comm::LaunchOptions probe;
+  probe.nproc(nproc).oversubscribe(args.oversubscribe);
+  try {
+    probe.validate();
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{} stages x {} replicas x {} tensor-parallel: {}", stages, args.replicas,
+                                  nproc / std::max(1, stages * args.replicas), e.what()));
+  }
+}
+
 int run_train(TrainArgs args) {
   if (args.worker) return run_train_worker(args);
   // Checks the example, its data files and the config here, with one clear error, before any
@@ -75,6 +92,7 @@ int run_train(TrainArgs args) {
   const int stages = static_cast<int>(config.pipeline.stages);
   const int tensor = static_cast<int>(config.tensor_parallel.size);
   const int nproc = stages * args.replicas * tensor;
+  check_layout(stages, static_cast<int>(ex.layers.size()), nproc, args);
   if (args.run_dir.empty()) args.run_dir = default_run_dir(args.example);
   args.run_dir = fs::absolute(args.run_dir).string();
   if (args.resume && checkpoint_step((fs::path(args.run_dir) / "checkpoint").string()) < 0) {
@@ -91,7 +109,7 @@ int run_train(TrainArgs args) {
   const auto worker = args.worker_arguments();
   command.insert(command.end(), worker.begin(), worker.end());
   comm::LaunchOptions options;
-  options.nproc(nproc).threads_per_rank(args.threads_per_rank);
+  options.nproc(nproc).threads_per_rank(args.threads_per_rank).oversubscribe(args.oversubscribe);
   if (args.time_limit > 0) options.time_limit(std::chrono::milliseconds(static_cast<int64_t>(args.time_limit * 1000)));
   const auto launched = comm::launch_with_restarts(command, options, args.max_restarts, [&](const auto& failed, int n) {
     std::cout << fmt::format("pipetrain train: {}; restarting all processes ({} of {}), resuming from {}\n",
