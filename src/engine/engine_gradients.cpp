@@ -15,9 +15,13 @@ namespace pipetrain {
 
 namespace {
 
+// The gradients a collective sums: every trainable parameter's, zeros where this rank's part of
+// the model gave it none. Frozen ones are left out (their gradients would be zeros that weight
+// decay and momentum then act on).
 std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> grads;
   for (auto p : params) {
+    if (!p.requires_grad()) continue;
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     grads.push_back(p.grad());
   }
@@ -68,7 +72,7 @@ void PipelineEngine::reduce_tied_grads() {
 
 void PipelineEngine::reduce_data_parallel_grads() {
   if (num_replicas() < 2) return;
-  auto grads = defined_grads(parameters());
+  auto grads = defined_grads(trainable_parameters());
   groups_.data_parallel->all_reduce(grads, comm::ReduceOp::Avg, fmt::format("gradients of stage {}", stage()));
 }
 
@@ -86,7 +90,7 @@ double PipelineEngine::local_grad_sqnorm() const {
   // those sums count only where none ran: one replica, no tensor parallelism, no tied copy.
   const bool kernel_sums = num_replicas() == 1 && tensor_parallel_size() == 1;
   double sum = 0;
-  for (const auto& p : parameters()) {
+  for (const auto& p : trainable_parameters()) {
     if (!p.grad().defined() || skip.count(p.unsafeGetTensorImpl())) continue;
     // A tensor-parallel slice counts on every rank of the group, a replicated parameter once.
     if (tensor_rank() != 0 && !runtime::shard_layout(p)) continue;
@@ -183,7 +187,7 @@ void PipelineEngine::optimizer_step(const runtime::StageStepResult& so_far) {
     optimizer_->step();
   }
   // ZeRO-1: each replica stepped its own shard; the others' arrive here.
-  if (zero_.replicas() > 1) zero_.gather(*groups_.data_parallel, parameters());
+  if (zero_.replicas() > 1) zero_.gather(*groups_.data_parallel, trainable_parameters());
   parameters_changed();
 }
 

@@ -67,7 +67,9 @@ schedule::Schedule read_train_schedule_csv(const EngineConfig& config, int stage
   return sched;
 }
 
-schedule::Schedule make_train_schedule(const EngineConfig& config, int stages) {
+}  // namespace
+
+schedule::Schedule train_schedule_for(const EngineConfig& config, int stages) {
   if (!config.pipeline.schedule_csv.empty()) {
     auto sched = read_train_schedule_csv(config, stages);
     if (config.pipeline.deferred_linear) sched = schedule::defer_weight_gradients(sched);
@@ -84,8 +86,6 @@ schedule::Schedule make_train_schedule(const EngineConfig& config, int stages) {
   if (config.pipeline.deferred_linear) sched = schedule::defer_weight_gradients(sched);
   return sched;
 }
-
-}  // namespace
 
 PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
                                std::shared_ptr<comm::Communicator> comm)
@@ -123,7 +123,7 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   }
   if (config_.fp16.enabled) scaler_.emplace(config_.fp16);
 
-  train_schedule_ = make_train_schedule(config_, topology_.stages());
+  train_schedule_ = train_schedule_for(config_, topology_.stages());
   const auto& layout = train_schedule_.layout;
   balance_ = partition_layers(module_.layers, config_.pipeline, layout.num_virtual_stages());
   offsets_ = part_offsets(balance_);
@@ -185,7 +185,7 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
   }
 
   sync_initial_weights();
-  auto params = parameters();
+  auto params = trainable_parameters();
   if (config_.zero_optimization.stage == 1 && num_replicas() > 1) {
     std::vector<int64_t> sizes;
     for (const auto& p : params) {
@@ -256,6 +256,13 @@ std::vector<torch::Tensor> PipelineEngine::parameters() const {
     }
   }
   return out;
+}
+
+std::vector<torch::Tensor> PipelineEngine::trainable_parameters() const {
+  auto params = parameters();
+  params.erase(std::remove_if(params.begin(), params.end(), [](const torch::Tensor& p) { return !p.requires_grad(); }),
+               params.end());
+  return params;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> PipelineEngine::named_parameters() const {

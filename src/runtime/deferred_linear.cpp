@@ -150,6 +150,10 @@ bool DeferredLinear::native_bf16_eligible(const torch::Tensor& x) const {
          bf16_kernels_on();
 }
 
+bool DeferredLinear::frozen() const {
+  return !layer_->weight.requires_grad() || (layer_->bias.defined() && !layer_->bias.requires_grad());
+}
+
 bool DeferredLinear::native_eligible(const torch::Tensor& x) const {
   const auto& w = layer_->weight;
   return kernel_ == GemmKernel::Native && x.device().is_cpu() && w.device().is_cpu() &&
@@ -183,6 +187,11 @@ torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
                                                     : torch::mm(x2d, weight.t());
     if (bias.defined()) y.add_(bias);
     return y.reshape(out_shape);
+  }
+  if (frozen()) {
+    const auto w = low ? weight.to(compute) : weight;
+    const auto b = low && bias.defined() ? bias.to(compute) : bias;
+    return torch::linear(x2d, w, b).reshape(out_shape);
   }
   inputs_[mb] = x2d.detach();
   completed_.erase(mb);
@@ -345,7 +354,7 @@ void DeferredLinear::drop_completed() {
 }
 
 void DeferredLinear::group_product(const std::vector<int64_t>& mbs) {
-  if (mbs.empty()) return;
+  if (mbs.empty() || frozen()) return;  // autograd gave the trainable parameters theirs
   std::vector<torch::Tensor> xs, dys;
   for (int64_t mb : mbs) {
     auto x = inputs_.find(mb);

@@ -90,4 +90,22 @@ inline PipelineModule tied_mlp(int64_t in, int64_t width, int depth) {
   return m;
 }
 
+// tied_mlp with frozen parameters, as fine-tuning has them: the tied projection's bias, the
+// first hidden Linear whole (a frozen embedding) and the second one's weight (LoRA's base).
+inline PipelineModule frozen_tied_mlp(int64_t in, int64_t width) {
+  PipelineModule m = tied_mlp(in, width, 3);
+  auto freeze = [](torch::nn::AnyModule module, bool weight, bool bias) {
+    auto linear = module.get<torch::nn::Linear>();
+    if (weight) linear->weight.requires_grad_(false);
+    if (bias) linear->bias.requires_grad_(false);
+    return module;
+  };
+  const auto project = m.layers[0].build;
+  m.layers[0].build = [=] { return freeze(project(), false, true); };
+  m.layers[4].build = [=] { return freeze(torch::nn::AnyModule(torch::nn::Linear(width, width)), true, true); };
+  m.layers[6].build = [=] { return freeze(torch::nn::AnyModule(torch::nn::Linear(width, width)), true, false); };
+  m.layers[m.layers.size() - 1].build = m.layers[0].build;
+  return m;
+}
+
 }  // namespace pipetrain::testing

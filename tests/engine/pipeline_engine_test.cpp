@@ -220,5 +220,43 @@ TEST(Engine, WeightGradientsPauseForAnArrivedGradient) {
   EXPECT_GE(pipelined.weight_pauses, c.steps) << "one pause per step on stage 0 at least";
 }
 
+// Frozen parameters (requires_grad false) never move: not under AdamW's weight decay, not
+// through the replicas' all-reduce or the tied layer's, not with ZeRO-1's shards, and on the
+// fused Linear path they get no gradient; the rest trains as in one process.
+TEST(Engine, FrozenParametersStayAsTheyWereWithAdamWReplicasAndATiedLayer) {
+  for (const int zero_stage : {0, 1}) {
+    SCOPED_TRACE("zero stage " + std::to_string(zero_stage));
+    OracleCase c;
+    c.module = [] { return frozen_tied_mlp(5, 12); };
+    c.config = oracle_config(3, "1f1b");
+    c.config.optimizer.type = "AdamW";
+    c.config.optimizer.lr = 0.01;
+    c.config.optimizer.weight_decay = 0.1;
+    c.config.zero_optimization.stage = zero_stage;
+    c.stages = 3;
+    c.replicas = 2;
+    c.data = [](int64_t s, int r, int m) { return mlp_batch(s, r, m, 4, 5, 5); };
+    OracleRun pipe;
+    expect_same_training(c, 1e-4, 1e-6, &pipe);
+
+    auto module = c.module();
+    const auto initial = named_by_first_use(
+        build_seeded_layers(module.layers, 0, static_cast<int64_t>(module.layers.size()), c.config.seed));
+    int frozen = 0, moved = 0;
+    for (const auto& [name, before] : initial) {
+      ASSERT_TRUE(pipe.params.count(name)) << name;
+      const bool same = torch::equal(pipe.params.at(name), before);
+      if (name == "0.bias" || name == "4.weight" || name == "4.bias" || name == "6.weight") {
+        ++frozen;
+        EXPECT_TRUE(same) << name << " is frozen but moved";
+      } else {
+        moved += same ? 0 : 1;
+      }
+    }
+    EXPECT_EQ(frozen, 4);
+    EXPECT_EQ(moved, static_cast<int>(initial.size()) - 4) << "every trainable parameter trains";
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::testing

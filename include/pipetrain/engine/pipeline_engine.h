@@ -67,6 +67,10 @@ struct BubbleReport {
   double transfer_s = 0;  // the measured transfer latency the simulation used
 };
 
+// The schedule a train_batch of `config` runs on `stages` stages (its layout says which
+// virtual stages each stage holds), as the engine makes it.
+schedule::Schedule train_schedule_for(const EngineConfig& config, int stages);
+
 class PipelineEngine {
  public:
   // `comm` connects this rank to the others (comm::connect, or an InProcessHub endpoint).
@@ -122,6 +126,9 @@ class PipelineEngine {
 
   // This rank's parameters, each shared module once.
   std::vector<torch::Tensor> parameters() const;
+  // Those with requires_grad: the optimizer's, ZeRO's shards, the all-reduces' and the norm's.
+  // Frozen parameters are never stepped, reduced or decayed, and keep no optimizer state.
+  std::vector<torch::Tensor> trainable_parameters() const;
   // "<global layer index>.<parameter name>" -> tensor, for this rank's layers (a tied module
   // appears under its first local use).
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;

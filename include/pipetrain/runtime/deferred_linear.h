@@ -65,7 +65,12 @@ class DeferredLinear {
 
   // Whether float32 inputs take the native accumulator (so weight work queues and can fill
   // waits, StageModel::fill_weight_gradients); inputs of other dtypes still take the products.
-  bool accumulates_natively() const { return native_eligible(layer_->weight); }
+  bool accumulates_natively() const { return !frozen() && native_eligible(layer_->weight); }
+
+  // A weight or bias with requires_grad false (a frozen embedding, LoRA's base weights): the
+  // layer runs as plain autograd, which gives the trainable ones their gradients, and keeps
+  // nothing for backward_weight; a deferred dW would give the frozen weight a gradient.
+  bool frozen() const;
 
   // The sum of squares of W's gradient as the native accumulator left it, computed by its
   // kernel on the way (no pass over memory; the float32 and bf16 kernels alike); none where the
