@@ -1,5 +1,6 @@
 // connect(): a rank's communicator over a c10d TCPStore and Gloo process groups.
 #include <exception>
+#include <map>
 #include <set>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -146,9 +147,22 @@ class C10dCommunicator final : public Communicator {
       throw ConfigError(self + " is not a member of group '" + spec.name + "' [" +
                         join_ranks(spec.ranks) + "]; only members create a group");
     }
-    if (!names_.insert(spec.name).second) {
+    // A name is taken while its group lives; made again after (a process that trains a second
+    // engine), it rendezvouses under a store prefix of its own, which every member counts alike
+    // because members create their groups in the same order.
+    GroupName& named = names_[spec.name];
+    if (!named.live.expired()) {
       throw ConfigError(self + ": group '" + spec.name + "' was already created; give each group its own name");
     }
+    const std::string prefix =
+        "group/" + spec.name + (named.created > 0 ? "#" + std::to_string(named.created) : std::string());
+    ++named.created;
+    auto group = make_group(spec, prefix);
+    named.live = group;
+    return group;
+  }
+
+  std::shared_ptr<Group> make_group(const GroupSpec& spec, const std::string& prefix) {
     if (spec.ranks.size() == 1) return std::make_shared<SoloGroup>(spec, options_.bucket_bytes());
     const int index = static_cast<int>(std::lower_bound(spec.ranks.begin(), spec.ranks.end(), info_.rank) -
                                        spec.ranks.begin());
@@ -158,11 +172,11 @@ class C10dCommunicator final : public Communicator {
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
       nccl_opts->timeout = options_.timeout();
       pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          c10::make_intrusive<c10d::PrefixStore>("group/" + spec.name + "/", store_), index,
+          c10::make_intrusive<c10d::PrefixStore>(prefix + "/", store_), index,
           static_cast<int>(spec.ranks.size()), nccl_opts);
     }
 #endif
-    if (!pg) pg = make_pg("group/" + spec.name, spec.ranks, index, collective_device_);
+    if (!pg) pg = make_pg(prefix, spec.ranks, index, collective_device_);
     return std::make_shared<C10dGroup>(pg, spec, info_.rank, options_, faults_);
   }
 
@@ -209,7 +223,11 @@ class C10dCommunicator final : public Communicator {
   std::shared_ptr<::gloo::transport::Device> collective_device_;
   std::shared_ptr<C10dChannel> channel_;
   std::shared_ptr<Group> world_;
-  std::set<std::string> names_;
+  struct GroupName {
+    int created = 0;
+    std::weak_ptr<Group> live;
+  };
+  std::map<std::string, GroupName> names_;
   bool shut_down_ = false;
   bool failure_reported_ = false;
 };

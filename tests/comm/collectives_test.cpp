@@ -55,6 +55,18 @@ PIPETRAIN_RANK_WORKER(collectives_grid) {
   // Global gradient norm over the pipeline of this replica.
   EXPECT_DOUBLE_EQ(g.pipeline->all_reduce_scalar(1.0 + rank), topo.replica_of(rank) == 0 ? 1.0 + 3.0 : 2.0 + 4.0);
   EXPECT_THROW(comm->new_group({"dp/stage0", {0, 1}}), ConfigError);  // name taken (or not a member)
+
+  // A name is free again once its group is gone (a second engine in the same process), and the
+  // group made again reduces among its members only, under a rendezvous of its own.
+  const std::vector<int> pair = rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+  for (int round = 0; round < 3; ++round) {
+    const std::string name = "again/" + std::to_string(pair[0]);  // names are world-wide
+    auto again = comm->new_group({name, pair});
+    EXPECT_THROW(comm->new_group({name, pair}), ConfigError) << "while it lives";
+    std::vector<torch::Tensor> t{torch::full({2}, r + round)};
+    again->all_reduce(t, ReduceOp::Sum);
+    EXPECT_TRUE(t[0].equal(torch::full({2}, static_cast<float>(pair[0] + pair[1] + 2 * round)))) << round;
+  }
   comm->world().barrier("end");
   comm->shutdown();
 }
