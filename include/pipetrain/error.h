@@ -4,8 +4,10 @@
 // name the rank, stage, micro-batch and action. Catch `pipetrain::Error` for all of them.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace pipetrain {
 
@@ -91,6 +93,23 @@ class NumericError : public Error {
 class UsageError : public Error {
  public:
   using Error::Error;
+};
+
+// An exception raised by code in another language (a layer, loss or data iterator written in
+// Python), carried through the runtime as it was raised so that its caller gets it back with its
+// own type and traceback. `original()` is that exception; where it passed on its way out
+// ("stage 1, action 1F3") is kept apart in `context()` instead of being prepended to a message.
+class ForeignError : public Error {
+ public:
+  ForeignError(std::exception_ptr original, const std::string& what);
+  std::exception_ptr original() const { return original_; }
+  const std::vector<std::string>& context() const { return context_; }
+  // The same error with `where` added outermost.
+  ForeignError with_context(const std::string& where) const;
+
+ private:
+  std::exception_ptr original_;
+  std::vector<std::string> context_;
 };
 
 }  // namespace pipetrain

@@ -84,6 +84,7 @@ std::string Batch::describe() const {
 }
 
 Batch call_layer(torch::nn::AnyModule& layer, const Batch& input, int64_t layer_index) {
+  if (auto* batch_layer = dynamic_cast<BatchLayer*>(layer.ptr().get())) return batch_layer->forward_batch(input);
   torch::nn::AnyValue output = [&] {
     try {
       if (input.atomic()) return layer.any_forward(input.tensor());

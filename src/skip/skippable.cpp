@@ -87,6 +87,9 @@ SkippableImpl::SkippableImpl(std::vector<std::string> stash, std::vector<std::st
                              std::string name)
     : declaration_(SkipDeclaration::of(stash, pop)), name_(std::move(name)) {}
 
+SkippableImpl::SkippableImpl(SkipDeclaration declaration, std::string name)
+    : declaration_(std::move(declaration)), name_(std::move(name)) {}
+
 SkippableImpl& SkippableImpl::isolate(const Namespace& ns) {
   declaration_ = declaration_.isolated(ns);
   return *this;

@@ -20,6 +20,8 @@ void rethrow_with_context(const std::string& context) {
   // Most derived types first: a catch clause matches base classes too.
   try {
     throw;
+  } catch (const ForeignError& e) {
+    throw e.with_context(context);
   } catch (const TimeoutError& e) {
     again(context, e);
   } catch (const PeerError& e) {
@@ -56,3 +58,17 @@ void rethrow_with_context(const std::string& context) {
 }
 
 }  // namespace pipetrain::util
+
+namespace pipetrain {
+
+ForeignError::ForeignError(std::exception_ptr original, const std::string& what)
+    : Error(what), original_(std::move(original)) {}
+
+ForeignError ForeignError::with_context(const std::string& where) const {
+  ForeignError out(original_, where + ": " + what());
+  out.context_ = context_;
+  out.context_.push_back(where);
+  return out;
+}
+
+}  // namespace pipetrain

@@ -48,6 +48,14 @@ class Batch {
   bool may_hold_none_ = false;  // made by tuple_with_none
 };
 
+// A layer that takes a batch of either form as it is and returns one (a layer written in
+// Python, whose forward has no C++ signature to choose between): call_layer hands it the batch.
+class BatchLayer {
+ public:
+  virtual ~BatchLayer() = default;
+  virtual Batch forward_batch(const Batch& input) = 0;
+};
+
 // Runs one layer on a batch, choosing `forward(Tensor)` for an atomic batch and
 // `forward(std::vector<Tensor>)` for a tuple; the layer may return either form. A layer whose
 // signature does not fit raises BatchError naming the layer index, its name and the batch.

@@ -105,6 +105,8 @@ class SkippableImpl : public torch::nn::Module {
  protected:
   // For subclasses that override forward_skips.
   SkippableImpl(std::vector<std::string> stash, std::vector<std::string> pop, std::string name);
+  // For subclasses whose names are already in their namespaces (a Python skippable).
+  SkippableImpl(SkipDeclaration declaration, std::string name);
   virtual torch::Tensor forward_skips(const torch::Tensor& input, Skips& skips);
 
  private:

@@ -1,0 +1,267 @@
+// pipetrain._C.Engine: the native PipelineEngine over layer specs made from Python
+// (pipetrain/pipe/ is the DeepSpeed-compatible front end around it).
+#include <torch/extension.h>
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <fmt/format.h>
+
+#include <mutex>
+
+#include "batch_convert.h"
+#include "data_iterator.h"
+#include "layer.h"
+#include "pipetrain/comm/rank_info.h"
+#include "pipetrain/engine/layer_checkpoint.h"
+#include "pipetrain/engine/pipeline_engine.h"
+#include "pipetrain/error.h"
+
+namespace pipetrain::python {
+namespace {
+
+// A layer's spec as the Python front end describes it: (name, type, tied key, layer, forward
+// function, stash keys, pop keys). `layer` is a Layer (built on this rank), a callable that
+// builds one (for partitioning by parameter counts), or None (another rank's layer).
+LayerSpec to_spec(py::handle item, size_t index) {
+  auto t = item.cast<py::tuple>();
+  if (t.size() != 7) throw UsageError("pipetrain._C: a layer spec is a 7-tuple (internal)");
+  LayerSpec spec;
+  spec.name = t[0].cast<std::string>();
+  spec.type = t[1].cast<std::string>();
+  spec.tied_key = t[2].cast<std::string>();
+  PyRef layer(py::reinterpret_borrow<py::object>(t[3]));
+  const std::string where = fmt::format("layer {} ({})", index, spec.name);
+  spec.build = [layer, where]() -> torch::nn::AnyModule {
+    return with_gil(where + " build", [&]() -> torch::nn::AnyModule {
+      py::object value = layer.get();
+      if (value.is_none()) {
+        throw UsageError(where + " is not built on this rank; the Python PipelineModule and the engine disagree "
+                                 "about the partition (internal)");
+      }
+      if (!py::isinstance<Layer>(value)) value = value();
+      return value.cast<LayerPtr>()->module;
+    });
+  };
+  if (!t[4].is_none()) {
+    PyRef forward(py::reinterpret_borrow<py::object>(t[4]));
+    spec.forward = [forward, layer, where](torch::nn::AnyModule&, const Batch& input) {
+      return with_gil(where, [&] {
+        py::object module = layer.get();
+        if (!py::isinstance<Layer>(module)) throw UsageError(where + ": a tied forward on a layer not built here");
+        py::object out = forward.get()(module.cast<LayerPtr>()->source.get(), from_batch(input));
+        return to_batch(out, "the output of " + where);
+      });
+    };
+  }
+  for (auto key : t[5]) {
+    auto p = key.cast<std::pair<std::string, std::string>>();
+    spec.skips.stash.push_back({p.first, p.second});
+  }
+  for (auto key : t[6]) {
+    auto p = key.cast<std::pair<std::string, std::string>>();
+    spec.skips.pop.push_back({p.first, p.second});
+  }
+  return spec;
+}
+
+std::vector<LayerSpec> to_specs(const py::list& items) {
+  std::vector<LayerSpec> specs;
+  for (size_t i = 0; i < items.size(); ++i) specs.push_back(to_spec(items[i], i));
+  return specs;
+}
+
+LossFn make_loss(const std::string& kind, py::object fn) {
+  if (kind == "mse") return [](const Batch& out, const Batch& labels) { return torch::mse_loss(out.tensor(), labels.tensor()); };
+  if (kind == "cross_entropy") {
+    return [](const Batch& out, const Batch& labels) {
+      return torch::nn::functional::cross_entropy(out.tensor(), labels.tensor());
+    };
+  }
+  if (kind == "output") return [](const Batch& out, const Batch&) { return out.tensor(); };
+  if (kind != "python") throw UsageError("pipetrain._C: unknown loss kind " + kind + " (internal)");
+  PyRef loss(std::move(fn));
+  return [loss](const Batch& out, const Batch& labels) {
+    return with_gil("the loss function", [&] {
+      py::object value = loss.get()(from_batch(out), from_batch(labels));
+      if (!THPVariable_Check(value.ptr())) {
+        throw BatchError("the loss function returned a " + type_name(value) + "; it must return a scalar tensor");
+      }
+      return value.cast<torch::Tensor>();
+    });
+  };
+}
+
+EngineConfig engine_config(const std::string& config_json, const std::vector<int64_t>& balance, int64_t stages,
+                           int64_t checkpoint_interval) {
+  EngineConfig config = EngineConfig::from_json_text(config_json, "the DeepSpeed config");
+  config.pipeline.partition_method = "balance";
+  config.pipeline.balance = balance;
+  config.pipeline.stages = stages;
+  if (checkpoint_interval > 0) config.pipeline.activation_checkpoint_interval = checkpoint_interval;
+  return config;
+}
+
+// One communicator per process: a second engine in the same job reuses the rendezvous.
+// The process's connection to its peers, made by its first engine and kept until Python exits
+// (release_communicator, from atexit): a later engine of the same process reuses it. Connecting
+// again instead would race the peers' old rendezvous on the same port.
+std::mutex communicator_mutex;
+std::shared_ptr<comm::Communicator> communicator;
+
+std::shared_ptr<comm::Communicator> process_communicator(const EngineConfig& config) {
+  std::lock_guard<std::mutex> lock(communicator_mutex);
+  if (!communicator) communicator = PipelineEngine::connect_from_env(config);
+  return communicator;
+}
+
+void release_communicator() {
+  std::shared_ptr<comm::Communicator> last;
+  {
+    std::lock_guard<std::mutex> lock(communicator_mutex);
+    last = std::move(communicator);
+  }
+  py::gil_scoped_release release;  // saying goodbye waits for the sends still in flight
+  last.reset();
+}
+
+class NativeEngine {
+ public:
+  NativeEngine(const py::list& specs, const std::string& loss_kind, py::object loss, const std::string& config_json,
+               const std::vector<int64_t>& balance, int64_t stages, int64_t checkpoint_interval) {
+    EngineConfig config = engine_config(config_json, balance, stages, checkpoint_interval);
+    PipelineModule module;
+    module.layers = to_specs(specs);
+    module.loss = make_loss(loss_kind, std::move(loss));
+    module.num_stages = stages;
+    py::gil_scoped_release release;  // the rendezvous waits for the other ranks; builds call back
+    comm_ = process_communicator(config);
+    engine_ = std::make_unique<PipelineEngine>(std::move(module), std::move(config), comm_);
+  }
+
+  ~NativeEngine() {
+    py::gil_scoped_release release;  // groups may wait for their peers on the way out
+    engine_.reset();
+  }
+
+  double train_batch(py::object iterator) {
+    PyDataIterator data(std::move(iterator));
+    py::gil_scoped_release release;
+    return engine_->train_batch(data);
+  }
+
+  py::tuple eval_batch(py::object iterator, bool return_outputs, int micro_batches) {
+    PyDataIterator data(std::move(iterator));
+    EvalResult result;
+    {
+      py::gil_scoped_release release;
+      result = engine_->eval_batch(data, return_outputs, micro_batches);
+    }
+    py::list outputs;
+    for (const auto& b : result.outputs) outputs.append(from_batch(b));
+    return py::make_tuple(result.loss, outputs);
+  }
+
+  std::string save(const std::string& dir, const std::string& tag, const std::string& extra) {
+    py::gil_scoped_release release;
+    return save_tagged_checkpoint(*engine_, dir, tag, extra);
+  }
+
+  int64_t load(const std::string& dir, const std::string& tag) {
+    py::gil_scoped_release release;
+    const int64_t step = load_tagged_checkpoint(*engine_, dir, tag);
+    engine_->set_global_steps(step);
+    return step;
+  }
+
+  py::dict last_step() const {
+    const StepStats& s = engine_->last_step();
+    py::dict d;
+    d["step"] = s.step;
+    d["loss"] = s.loss;
+    d["grad_norm"] = s.grad_norm;
+    d["lr"] = s.lr;
+    d["seconds"] = s.seconds;
+    d["samples_per_s"] = s.samples_per_s;
+    d["skipped"] = s.skipped;
+    d["loss_scale"] = s.loss_scale;
+    d["bytes_sent"] = s.bytes_sent;
+    return d;
+  }
+
+  PipelineEngine& engine() { return *engine_; }
+
+ private:
+  std::shared_ptr<comm::Communicator> comm_;
+  std::unique_ptr<PipelineEngine> engine_;
+};
+
+}  // namespace
+
+void bind_engine(py::module& m) {
+  m.def("rank_info", [] {
+    const auto info = comm::rank_info_from_env();
+    return py::make_tuple(info.rank, info.world_size, info.local_rank, info.local_world_size);
+  }, "(rank, world_size, local_rank, local_world_size) as the launcher's environment gives them");
+  m.def("partition_layers", [](const py::list& specs, const std::string& method, std::vector<int64_t> balance,
+                               int64_t parts) {
+    PipelineConfig pipeline;
+    pipeline.partition_method = method;
+    pipeline.balance = std::move(balance);
+    return partition_layers(to_specs(specs), pipeline, parts);
+  }, py::arg("specs"), py::arg("method"), py::arg("balance"), py::arg("parts"));
+  m.def("train_layout", [](const std::string& config_json, int stages, int64_t replicas) {
+    EngineConfig config = EngineConfig::from_json_text(config_json, "the DeepSpeed config", ConfigWarnings::Collect);
+    // The schedule depends on the micro-batch count, which DeepSpeed derives from the others.
+    config.resolve_batch_sizes(replicas);
+    const auto layout = train_schedule_for(config, stages).layout;
+    std::vector<std::vector<int>> virtual_stages(static_cast<size_t>(stages));
+    for (int s = 0; s < stages; ++s) {
+      for (int c = 0; c < layout.num_chunks(); ++c) virtual_stages[static_cast<size_t>(s)].push_back(layout.virtual_stage(s, c));
+    }
+    return virtual_stages;
+  }, "For each stage, the virtual stages (parts of the layer list) it holds under the config's schedule");
+  m.def("release_communicator", &release_communicator,
+        "Drops the process's connection to its peers (at exit; a later engine connects again)");
+  m.def("latest_tag", &latest_tag, "The tag <save_dir>/latest names, or \"\" when there is none");
+  m.def("check_config", [](const std::string& config_json) {
+    return EngineConfig::from_json_text(config_json, "the DeepSpeed config", ConfigWarnings::Collect).warnings;
+  });
+
+  py::class_<NativeEngine>(m, "Engine", "The native PipelineEngine (see pipetrain.initialize).")
+      .def(py::init<const py::list&, const std::string&, py::object, const std::string&, const std::vector<int64_t>&,
+                    int64_t, int64_t>(),
+           py::arg("specs"), py::arg("loss_kind"), py::arg("loss"), py::arg("config"), py::arg("balance"),
+           py::arg("stages"), py::arg("checkpoint_interval"))
+      .def("train_batch", &NativeEngine::train_batch)
+      .def("eval_batch", &NativeEngine::eval_batch, py::arg("iterator"), py::arg("return_outputs"),
+           py::arg("micro_batches"))
+      .def("save", &NativeEngine::save)
+      .def("load", &NativeEngine::load)
+      .def("last_step", &NativeEngine::last_step)
+      .def_property_readonly("stage", [](NativeEngine& e) { return e.engine().stage(); })
+      .def_property_readonly("num_stages", [](NativeEngine& e) { return e.engine().num_stages(); })
+      .def_property_readonly("replica", [](NativeEngine& e) { return e.engine().replica(); })
+      .def_property_readonly("num_replicas", [](NativeEngine& e) { return e.engine().num_replicas(); })
+      .def_property_readonly("rank", [](NativeEngine& e) { return e.engine().communicator().rank(); })
+      .def_property_readonly("world_size", [](NativeEngine& e) { return e.engine().communicator().world_size(); })
+      .def_property_readonly("micro_batches", [](NativeEngine& e) { return e.engine().micro_batches(); })
+      .def_property_readonly("global_steps", [](NativeEngine& e) { return e.engine().global_steps(); })
+      .def("set_global_steps", [](NativeEngine& e, int64_t s) { e.engine().set_global_steps(s); })
+      .def_property_readonly("balance", [](NativeEngine& e) { return e.engine().balance(); })
+      .def_property_readonly("config", [](NativeEngine& e) { return e.engine().config().to_json_text(); })
+      .def_property_readonly("train_micro_batch_size",
+                             [](NativeEngine& e) { return e.engine().config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly("train_batch_size", [](NativeEngine& e) { return e.engine().config().train_batch_size; })
+      .def_property_readonly("schedule", [](NativeEngine& e) { return e.engine().config().pipeline.schedule; })
+      .def_property_readonly("precision", [](NativeEngine& e) { return e.engine().config().precision(); })
+      .def_property_readonly("loss_scale", [](NativeEngine& e) { return e.engine().loss_scale(); })
+      .def("parameters", [](NativeEngine& e) { return e.engine().parameters(); })
+      .def("parameters_changed", [](NativeEngine& e) { e.engine().parameters_changed(); })
+      .def("local_layer_indices", [](NativeEngine& e) {
+        std::vector<int64_t> out;
+        for (const auto& [index, module] : e.engine().local_layers()) out.push_back(index);
+        return out;
+      });
+}
+
+}  // namespace pipetrain::python

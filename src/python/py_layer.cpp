@@ -1,0 +1,88 @@
+// Layers written in Python, run by the native runtime.
+#include "py_layer.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <unordered_set>
+
+#include "batch_convert.h"
+
+namespace pipetrain::python {
+namespace {
+
+void mirror_into(py::handle module, torch::nn::Module& shell, std::unordered_set<const void*>& seen) {
+  py::dict parameters = module.attr("_parameters");
+  for (auto item : parameters) {
+    if (item.second.is_none()) continue;
+    torch::Tensor t = THPVariable_Unpack(item.second.ptr());
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    shell.register_parameter(py::str(item.first), t, t.requires_grad());
+  }
+  py::object non_persistent = py::getattr(module, "_non_persistent_buffers_set", py::set());
+  py::dict buffers = module.attr("_buffers");
+  for (auto item : buffers) {
+    if (item.second.is_none() || non_persistent.contains(item.first)) continue;
+    torch::Tensor t = THPVariable_Unpack(item.second.ptr());
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    shell.register_buffer(py::str(item.first), t);
+  }
+  py::dict children = module.attr("_modules");
+  for (auto item : children) {
+    if (item.second.is_none()) continue;
+    auto child = std::make_shared<torch::nn::Module>(type_name(item.second));
+    mirror_into(item.second, *child, seen);
+    shell.register_module(py::str(item.first), child);
+  }
+}
+
+Batch call_python(const PyRef& module, const Batch& input, const std::string& name) {
+  return with_gil(name, [&] {
+    py::object out = module.get()(from_batch(input));
+    return to_batch(out, "the output of " + name);
+  });
+}
+
+void train_python(const PyRef& module, bool on, const std::string& name) {
+  with_gil(name + ".train()", [&] { module.get().attr("train")(on); });
+}
+
+}  // namespace
+
+void mirror_tensors(py::handle module, torch::nn::Module& shell) {
+  std::unordered_set<const void*> seen;
+  mirror_into(module, shell, seen);
+}
+
+PyLayerImpl::PyLayerImpl(py::object module, std::string name)
+    : torch::nn::Module(type_name(module)), module_(std::move(module)), name_(std::move(name)) {
+  mirror_tensors(module_.get(), *this);
+  torch::nn::Module::train(module_.get().attr("training").cast<bool>());
+}
+
+Batch PyLayerImpl::forward_batch(const Batch& input) { return call_python(module_, input, name_); }
+
+torch::Tensor PyLayerImpl::forward(const torch::Tensor& input) { return forward_batch(Batch(input)).tensor(); }
+
+void PyLayerImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  train_python(module_, on, name_);
+}
+
+void PyLayerImpl::pretty_print(std::ostream& stream) const { stream << "pipetrain.PyLayer(" << name_ << ")"; }
+
+PySkippableImpl::PySkippableImpl(py::object module, skip::SkipDeclaration declaration, std::string name)
+    : skip::SkippableImpl(std::move(declaration), name), module_(std::move(module)), name_(std::move(name)) {
+  mirror_tensors(module_.get(), *this);
+  torch::nn::Module::train(module_.get().attr("training").cast<bool>());
+}
+
+Batch PySkippableImpl::forward_batch(const Batch& input) { return call_python(module_, input, name_); }
+
+torch::Tensor PySkippableImpl::forward(const torch::Tensor& input) { return forward_batch(Batch(input)).tensor(); }
+
+void PySkippableImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  train_python(module_, on, name_);
+}
+
+}  // namespace pipetrain::python

@@ -1,0 +1,364 @@
+"""pipetrain.GPipe as torchgpipe's users know it: arguments, attributes, errors, the module
+interface, and behaviour at the edges (tuples, non-tensors, exceptions, empty models)."""
+from collections import OrderedDict
+import copy
+import time
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import pipetrain
+from pipetrain import GPipe
+from pipetrain.gpipe import verify_module
+
+
+def linears(n, width=1):
+    return [nn.Linear(width, width) for _ in range(n)]
+
+
+def test_parameters_are_the_models_own():
+    a, b = linears(2)
+    gpipe = GPipe(nn.Sequential(a, b), balance=[1, 1], devices=['cpu', 'cpu'])
+    assert [id(p) for p in gpipe.parameters()] == [id(p) for p in (a.weight, a.bias, b.weight, b.bias)]
+
+
+def test_public_attributes_are_normalised():
+    class Text:
+        def __str__(self):
+            return 'never'
+
+    gpipe = GPipe(nn.Sequential(nn.Linear(1, 1)), balance=(1,), devices=('cpu',), chunks=3.0, checkpoint=Text())
+    assert gpipe.balance == [1]
+    assert gpipe.devices == [torch.device('cpu')]
+    assert gpipe.chunks == 3 and isinstance(gpipe.chunks, int)
+    assert gpipe.checkpoint == 'never' and isinstance(gpipe.checkpoint, str)
+
+
+@pytest.mark.parametrize('balance', [[3], [1, 2], [1, 1, 1]])
+def test_behaves_like_a_sequential(balance):
+    a, b, c = linears(3)
+    gpipe = GPipe(nn.Sequential(a, b, c), balance, devices=['cpu'] * 3)
+    assert len(gpipe) == 3
+    assert list(gpipe) == [a, b, c]
+    assert gpipe[0] is a and gpipe[2] is c and gpipe[-1] is c and gpipe[-3] is a
+    for bad in (3, -4):
+        with pytest.raises(IndexError):
+            gpipe[bad]  # pylint: disable=pointless-statement
+
+
+def test_balance_must_cover_the_model_and_names_pipetrain_balance():
+    model = nn.Sequential(*linears(2))
+    for balance in ([1], [3], [1, 2]):
+        with pytest.raises(ValueError, match='different length') as info:
+            GPipe(model, balance=balance, devices=['cpu'] * 2)
+        assert 'pipetrain.balance' in str(info.value)
+    with pytest.raises(ValueError, match='balance is required'):
+        GPipe(model)
+
+
+def test_balance_entries_must_be_positive():
+    model = nn.Sequential(*linears(2))
+    for balance in ([0, 2], [-1, 3]):
+        with pytest.raises(ValueError, match=r'all balance numbers must be positive integer \(balance: '):
+            GPipe(model, balance=balance, devices=['cpu'] * 2)
+
+
+@pytest.mark.parametrize('chunks', [0, -1])
+def test_chunks_must_be_positive(chunks):
+    with pytest.raises(ValueError, match='number of chunks must be positive integer'):
+        GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'], chunks=chunks)
+
+
+def test_too_few_devices_is_an_index_error():
+    with pytest.raises(IndexError, match=r'too few devices to hold given partitions \(devices: 1, partitions: 4\)'):
+        GPipe(nn.Sequential(*linears(4)), balance=[1, 1, 1, 1], devices=['cpu'])
+
+
+def test_extra_devices_are_dropped_and_cpu_is_the_default_without_cuda():
+    gpipe = GPipe(nn.Sequential(*linears(3)), [1, 1, 1], devices=['cpu'] * 5)
+    assert gpipe.devices == [torch.device('cpu')] * 3
+    if not torch.cuda.is_available():
+        assert GPipe(nn.Sequential(*linears(2)), [1, 1]).devices == [torch.device('cpu')] * 2
+
+
+@pytest.mark.parametrize('rows', [7, 2, 1])
+def test_any_batch_size_is_legal(rows):
+    model = GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'], chunks=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert model(torch.rand(rows, 1)).shape == (rows, 1)
+
+
+def test_invalid_checkpoint_mode():
+    with pytest.raises(ValueError, match="checkpoint is not one of 'always', 'except_last', or 'never'"):
+        GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'], chunks=2, checkpoint='sometimes')
+
+
+def count_nodes(grad_fn, predicate, seen=None):
+    seen = set() if seen is None else seen
+    if grad_fn is None or grad_fn in seen:
+        return 0
+    seen.add(grad_fn)
+    return int(predicate(grad_fn)) + sum(count_nodes(g, predicate, seen) for g, _ in grad_fn.next_functions)
+
+
+def is_checkpoint_node(grad_fn):
+    return 'Checkpoint' in grad_fn.name()
+
+
+@pytest.mark.parametrize('mode, expected', [('always', 2), ('except_last', 1), ('never', 0)])
+def test_checkpoint_modes_checkpoint_that_many_micro_batches(mode, expected):
+    model = GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'], chunks=2, checkpoint=mode)
+    out = model(torch.rand(2, 1))
+    assert count_nodes(out.grad_fn, is_checkpoint_node) == expected
+
+
+def test_eval_mode_checkpoints_nothing():
+    model = GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'], chunks=2, checkpoint='always')
+    assert count_nodes(model(torch.rand(2, 1)).grad_fn, is_checkpoint_node) == 2
+    model.eval()
+    assert count_nodes(model(torch.rand(2, 1)).grad_fn, is_checkpoint_node) == 0
+
+
+def test_no_grad_builds_no_graph_and_partition_hooks_fire():
+    model = GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'], chunks=2)
+    seen = []
+    model.partitions[0].register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad():
+        model(torch.rand(2, 1))
+    assert len(seen) == 2 and all(o.grad_fn is None for o in seen)
+
+
+def test_a_layers_exception_comes_out_as_itself_with_its_traceback():
+    class Expected(Exception):
+        pass
+
+    class Raise(nn.Module):
+        def forward(self, *_):
+            raise Expected('from the layer')
+
+    model = GPipe(nn.Sequential(nn.Linear(1, 1), Raise()), balance=[1, 1], devices=['cpu'] * 2, chunks=2)
+    with pytest.raises(Expected, match='from the layer') as info:
+        model(torch.rand(2, 1))
+    assert any(entry.name == 'forward' and 'Raise' in str(entry.locals.get('self', ''))
+               or entry.name == 'forward' for entry in info.traceback)
+    notes = getattr(info.value, '__notes__', [])
+    assert any('layer 1 (Raise)' in n for n in notes), notes
+
+
+def test_a_failure_stops_the_earlier_partitions_at_the_next_tick():
+    class Expected(Exception):
+        pass
+
+    counter = 0
+
+    class Count(nn.Module):
+        def forward(self, x):
+            nonlocal counter
+            time.sleep(0.1)
+            counter += 1
+            return x
+
+    class Raise(nn.Module):
+        def forward(self, x):
+            raise Expected()
+
+    class Pass(nn.Module):
+        def forward(self, x):
+            return x
+
+    model = GPipe(nn.Sequential(Pass(), Pass(), Count(), Raise()), [1, 1, 1, 1], devices=['cpu'] * 4, chunks=3)
+    with pytest.raises(Expected):
+        model(torch.rand(3))
+    # Micro-batch 0 fails in partition 3 at tick 3, when partition 2 runs micro-batch 1; the
+    # tick after is never started, so micro-batch 2 never reaches Count.
+    assert counter == 2
+
+
+def test_freeing_a_model_while_a_failed_task_still_runs_python_does_not_hang(tmp_path):
+    # Python frees the model with the GIL held; a worker still finishing a Python layer then
+    # needs the GIL to return, so the native pipeline must be freed without it. Run apart, so a
+    # regression is a failed test rather than a hung suite.
+    script = tmp_path / 'free.py'
+    script.write_text("""
+import gc, time, torch
+from torch import nn
+from pipetrain import GPipe
+class Slow(nn.Module):
+    def forward(self, x):
+        time.sleep(0.02)
+        return x * 2  # a new tensor that Python made, freed by the worker after the failure
+class Raise(nn.Module):
+    def forward(self, x):
+        raise KeyError('boom')
+class Pass(nn.Module):
+    def forward(self, x):
+        return x
+for _ in range(80):
+    model = GPipe(nn.Sequential(Pass(), Slow(), Raise()), [1, 1, 1], devices=['cpu'] * 3, chunks=3)
+    try:
+        model(torch.rand(3))
+    except KeyError as exc:
+        held = exc  # its traceback keeps the model alive in a cycle, freed by the collector below
+    del model, held
+    gc.collect()
+print('freed')
+""")
+    import subprocess, sys  # pylint: disable=import-outside-toplevel,multiple-imports
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0 and 'freed' in result.stdout, result.stderr
+
+
+def test_tuple_inputs_and_outputs():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc_a = nn.Linear(1, 1)
+            self.fc_b = nn.Linear(1, 1)
+
+        def forward(self, a_and_b):
+            a, b = a_and_b
+            return (self.fc_a(a), self.fc_b(b))
+
+    model = GPipe(nn.Sequential(Two()), balance=[1], devices=['cpu'], chunks=2)
+    a = torch.rand(10, 1, requires_grad=True)
+    b = torch.rand(10, 1, requires_grad=True)
+    a_out, b_out = model((a, b))
+    (a_out + b_out).mean().backward()
+    assert a.grad is not None and b.grad is not None
+
+
+def test_a_singleton_tuple_stays_a_tuple():
+    class One(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(1, 1)
+
+        def forward(self, only):
+            (a,) = only
+            return (self.fc(a),)
+
+    model = GPipe(nn.Sequential(One()), balance=[1], devices=['cpu'], chunks=2)
+    a = torch.rand(10, 1, requires_grad=True)
+    (out,) = model((a,))
+    out.mean().backward()
+    assert all(p.grad is not None for p in model.parameters()) and a.grad is not None
+
+
+def test_varargs_are_refused():
+    model = GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'])
+    with pytest.raises(TypeError):
+        model(torch.rand(1), torch.rand(1))  # pylint: disable=too-many-function-args
+
+
+def test_non_tensor_inputs_and_outputs_are_type_errors():
+    class Text(nn.Module):
+        def forward(self, _):
+            return 'hello'
+
+    class Pair(nn.Module):
+        def forward(self, x):
+            return (x, 'hello')
+
+    for layer in (Text(), Pair()):
+        model = GPipe(nn.Sequential(layer), balance=[1], devices=['cpu'])
+        with pytest.raises(TypeError, match='str'):
+            model(torch.rand(1))
+    model = GPipe(nn.Sequential(nn.Linear(1, 1)), balance=[1], devices=['cpu'])
+    with pytest.raises(TypeError, match='expected Tensor, but got str'):
+        model('hello')
+    with pytest.raises(TypeError, match='expected Tensor, but got str'):
+        model((torch.rand(1), 'hello'))
+
+
+def test_devices_and_partitions():
+    model = GPipe(nn.Sequential(*linears(2)), [1, 1], devices=['cpu', 'cpu'])
+    assert isinstance(model.partitions, nn.ModuleList)
+    assert all(isinstance(p, nn.Sequential) for p in model.partitions)
+    assert 'partitions.0.0.weight' in model.state_dict()
+    assert 'partitions.1.1.bias' in model.state_dict()  # children keep their names
+
+
+def test_moving_is_denied_casting_is_allowed():
+    model = GPipe(nn.Sequential(*linears(2)), [1, 1], devices=['cpu', 'cpu'])
+    for move in (lambda: model.cuda(), lambda: model.cpu(), lambda: model.to(torch.device('cuda')),
+                 lambda: model.to(0), lambda: model.to('cuda'), lambda: model.to(device=0),
+                 lambda: model.to(torch.rand(1)), lambda: model.to(tensor=torch.rand(1))):
+        with pytest.raises(TypeError, match='GPipe should manage device placement'):
+            move()
+    model.to(torch.double)
+    assert model(torch.rand(3, 1, dtype=torch.double)).dtype == torch.double
+    model.to(dtype=torch.float)
+    assert model(torch.rand(3, 1)).dtype == torch.float
+
+
+def test_an_empty_model_is_the_identity_for_tensors_only():
+    model = GPipe(nn.Sequential(), [])
+    assert model(torch.tensor(42)) == torch.tensor(42)
+    assert model((torch.tensor(42),)) == (torch.tensor(42),)
+    with pytest.raises(TypeError):
+        model(42)
+
+
+def test_named_children_keep_their_names_and_gpipe_has_no_getattr_for_them():
+    model = GPipe(nn.Sequential(OrderedDict([('a', nn.Linear(1, 1)), ('b', nn.Linear(1, 1))])), [1, 1],
+                  devices=['cpu', 'cpu'])
+    names = {n for n, _ in model.named_modules()}
+    assert {'partitions.0.a', 'partitions.1.b'} <= names
+    with pytest.raises(AttributeError):
+        model.a  # pylint: disable=pointless-statement
+
+
+def test_verify_module_errors():
+    with pytest.raises(TypeError, match='module must be nn.Sequential to be partitioned'):
+        verify_module(nn.Module())
+    conv = nn.Conv2d(3, 3, 1)
+    with pytest.raises(ValueError, match='module with duplicate children is not supported'):
+        verify_module(nn.Sequential(conv, conv))
+
+    class Holder(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    with pytest.raises(ValueError, match='module with duplicate parameters in distinct children is not supported'):
+        verify_module(nn.Sequential(Holder(conv), Holder(conv)))
+
+
+def test_a_hung_layer_is_a_timeout_error_not_a_hang():
+    class Hang(nn.Module):
+        def forward(self, x):
+            time.sleep(3)
+            return x
+
+    model = GPipe(nn.Sequential(Hang()), [1], devices=['cpu'], task_timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(pipetrain.TimeoutError, match='task_timeout') as info:
+        model(torch.rand(2, 1))
+    assert time.monotonic() - start < 2.5
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, pipetrain.PipelineError)
+    time.sleep(3)  # let the abandoned task finish before the interpreter moves on
+
+
+def test_native_and_python_layers_are_chosen_by_type():
+    class Custom(nn.Linear):
+        pass
+
+    linear, custom, relu = nn.Linear(2, 2), Custom(2, 2), nn.ReLU()
+    hooked = nn.Linear(2, 2)
+    hooked.register_forward_hook(lambda *_: None)
+    from pipetrain._layers import native_layer  # pylint: disable=import-outside-toplevel
+    assert native_layer(linear, 'a').native and native_layer(relu, 'c').native
+    assert not native_layer(custom, 'b').native  # a subclass may change forward
+    assert not native_layer(hooked, 'd').native  # its hooks must fire
+    assert not native_layer(linear, 'e', native=False).native
+
+
+def test_deepcopy_of_a_gpipe_model_source_still_works():
+    model = nn.Sequential(*linears(2, 4))
+    twin = copy.deepcopy(model)
+    gpipe = GPipe(model, [1, 1], devices=['cpu', 'cpu'], chunks=2)
+    x = torch.rand(4, 4)
+    assert torch.allclose(gpipe(x), twin(x))

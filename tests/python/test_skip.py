@@ -1,0 +1,183 @@
+"""The skip API (pipetrain.skip): declarations, namespaces, verification, and skips carried
+across partitions by GPipe with the same gradients as without a pipeline."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from pipetrain import GPipe
+from pipetrain.skip import Namespace, pop, skippable, stash, verify_skippables
+
+
+@skippable(stash=['skip'])
+class Stash(nn.Module):
+    def forward(self, x):
+        yield stash('skip', x)
+        return x
+
+
+@skippable(pop=['skip'])
+class PopAdd(nn.Module):
+    def forward(self, x):
+        skip = yield pop('skip')
+        return x + skip
+
+
+@skippable(stash=['1to3'])
+class Layer1(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        yield stash('1to3', x)
+        return self.fc(x)
+
+
+@skippable(pop=['1to3'])
+class Layer3(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        skip = yield pop('1to3')
+        return self.fc(x) * skip
+
+
+def test_a_skippable_wraps_its_module_and_names():
+    layer = Layer1()
+    assert isinstance(layer.module.fc, nn.Linear)
+    assert Layer1.stashable_names == frozenset({'1to3'}) and Layer1.poppable_names == frozenset()
+    assert 'module.fc.weight' in layer.state_dict()
+    assert Layer1.__name__ == 'Layer1'
+
+
+def test_skips_work_without_a_pipeline():
+    model = nn.Sequential(Stash(), nn.Linear(4, 4), PopAdd())
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(model(x), model[1](x) + x)
+
+
+@pytest.mark.parametrize('balance', [[1, 1, 1], [2, 1], [1, 2], [3]])
+@pytest.mark.parametrize('checkpoint', ['never', 'except_last', 'always'])
+def test_skips_cross_partitions_with_the_plain_models_gradients(balance, checkpoint):
+    torch.manual_seed(2)
+    plain = nn.Sequential(Layer1(), nn.Linear(4, 4), Layer3())
+    piped = copy.deepcopy(plain)
+    gpipe = GPipe(piped, balance, devices=['cpu'] * len(balance), chunks=3, checkpoint=checkpoint)
+    x = torch.randn(6, 4, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    plain(x).sum().backward()
+    out = gpipe(x2)
+    out.sum().backward()
+    torch.testing.assert_close(out, plain(x).detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(plain.named_parameters(), piped.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_namespaces_let_one_block_repeat():
+    ns1, ns2 = Namespace(), Namespace()
+    model = nn.Sequential(Stash().isolate(ns1), Stash().isolate(ns2), PopAdd().isolate(ns2), PopAdd().isolate(ns1))
+    verify_skippables(model)
+    gpipe = GPipe(copy.deepcopy(model), [1, 1, 1, 1], devices=['cpu'] * 4, chunks=2)
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(gpipe(x), x * 3)
+    torch.testing.assert_close(model(x), x * 3)
+    with pytest.raises(TypeError, match="redeclared 'skip' as stashable but not isolated by namespace"):
+        verify_skippables(nn.Sequential(Stash(), Stash(), PopAdd(), PopAdd()))
+
+
+def test_isolate_only_some_names():
+    @skippable(stash=['a', 'b'])
+    class Two(nn.Module):
+        def forward(self, x):
+            yield stash('a', x)
+            yield stash('b', x)
+            return x
+
+    ns = Namespace()
+    layer = Two().isolate(ns, only=['a'])
+    assert dict(layer.stashable()) == {ns: 'a', _default(): 'b'}
+    assert layer.namespaced('a') == (ns.name, 'a') and layer.namespaced('b') == ('', 'b')
+    with pytest.raises(ValueError, match='declares no skip named'):
+        Two().isolate(ns, only=['c'])
+
+
+def _default():
+    from pipetrain.skip.namespace import default_namespace  # pylint: disable=import-outside-toplevel
+    return default_namespace
+
+
+def test_namespace_copies_are_equal_and_distinct_namespaces_are_not():
+    ns = Namespace()
+    assert copy.deepcopy(ns) == ns and Namespace() != ns
+
+
+@pytest.mark.parametrize('model, message', [
+    (lambda: nn.Sequential(PopAdd()), "'0' declared 'skip' as poppable but it was not stashed"),
+    (lambda: nn.Sequential(Stash()), "no module declared 'skip' as poppable but stashed"),
+    (lambda: nn.Sequential(Stash(), PopAdd(), PopAdd()), "'2' redeclared 'skip' as poppable"),
+])
+def test_verify_skippables_lists_mismatches(model, message):
+    with pytest.raises(TypeError, match='one or more pairs of stash and pop do not match') as info:
+        verify_skippables(model())
+    assert message in str(info.value)
+
+
+def test_both_stash_and_pop_of_one_name_is_refused():
+    @skippable(stash=['x'], pop=['x'])
+    class Both(nn.Module):
+        def forward(self, x):
+            yield stash('x', x)
+            return (yield pop('x'))
+
+    with pytest.raises(TypeError, match="declared 'x' both as stashable and as poppable"):
+        verify_skippables(nn.Sequential(Both()))
+
+
+def test_gpipe_verifies_skips_before_running():
+    with pytest.raises(TypeError, match='do not match'):
+        GPipe(nn.Sequential(PopAdd()), [1], devices=['cpu'])
+
+
+def test_undeclared_names_are_refused_when_used():
+    @skippable(stash=['declared'])
+    class Wrong(nn.Module):
+        def forward(self, x):
+            yield stash('other', x)
+            return x
+
+    with pytest.raises(RuntimeError, match="tried to stash 'other', which it did not declare"):
+        Wrong()(torch.randn(1))
+
+
+def test_none_is_an_optional_skip():
+    @skippable(stash=['maybe'])
+    class Maybe(nn.Module):
+        def forward(self, x):
+            yield stash('maybe', None)
+            return x
+
+    @skippable(pop=['maybe'])
+    class UseIfAny(nn.Module):
+        def forward(self, x):
+            skip = yield pop('maybe')
+            return x if skip is None else x + skip
+
+    gpipe = GPipe(nn.Sequential(Maybe(), nn.Linear(2, 2), UseIfAny()), [1, 2], devices=['cpu', 'cpu'], chunks=2)
+    out = gpipe(torch.randn(4, 2))
+    out.sum().backward()
+
+
+def test_a_skippable_without_yields_is_a_plain_layer():
+    @skippable(stash=['unused'])
+    class Plain(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    with pytest.raises(TypeError):
+        verify_skippables(nn.Sequential(Plain()))  # the declaration still has to match
+    torch.testing.assert_close(Plain()(torch.ones(2)), torch.full((2,), 2.0))
