@@ -136,14 +136,14 @@ void add_balance_command(CLI::App& app, int& exit_code) {
   sub->add_option("--example", args->example, "or an example model: cnn, gpt, mlp or resnet")
       ->check(CLI::IsMember(examples::example_names()));
   sub->add_option("--stages", args->stages, "pipeline stages (default: the workload's or example's)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub->add_option("--by", args->by,
                   "time (profiled forward + backward per layer), size (parameter and activation "
                   "bytes), params, or uniform")
       ->check(CLI::IsMember({"time", "size", "params", "uniform"}))
       ->capture_default_str();
   sub->add_option("--budget-ms", args->budget_ms, "profiling time for --by time")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   sub->add_flag("--json", args->json_only, "print only the JSON line");
   sub->callback([args, &exit_code] { exit_code = run_balance(*args); });

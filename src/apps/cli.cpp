@@ -1,5 +1,7 @@
 // The `pipetrain` command line: global flags, subcommand dispatch and error reporting.
 #include <iostream>
+#include <stdexcept>
+#include <string>
 
 #include "apps/commands.h"
 #include "apps/schedule_commands.h"
@@ -16,6 +18,25 @@ void add_bench_command(CLI::App& app, int& exit_code);      // bench/bench_comma
 void add_train_command(CLI::App& app, int& exit_code);      // train/train_command.cpp
 void add_balance_command(CLI::App& app, int& exit_code);    // balance_command.cpp
 void add_plan_command(CLI::App& app, int& exit_code);       // plan/plan_command.cpp
+
+CLI::Validator at_least(double bound, bool inclusive) {
+  const std::string relation = inclusive ? ">= " : "> ";
+  const std::string shown = std::to_string(static_cast<long long>(bound));
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double value = 0;
+        try {
+          size_t used = 0;
+          value = std::stod(text, &used);
+          if (used != text.size()) throw std::invalid_argument(text);
+        } catch (const std::exception&) {
+          return "must be a number " + relation + shown + ", got '" + text + "'";
+        }
+        if (inclusive ? value >= bound : value > bound) return "";
+        return "must be " + relation + shown + ", got " + text;
+      },
+      inclusive ? "NUMBER>=" + shown : "NUMBER>" + shown);
+}
 
 void add_all_commands(CLI::App& app, int& exit_code) {
   add_schedule_command(app, exit_code);

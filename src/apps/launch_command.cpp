@@ -29,7 +29,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
       "run N ranks of a command on this machine, with the environment torchrun sets (RANK, "
       "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); when one rank "
       "fails the others are stopped and its status is returned");
-  sub->add_option("--nproc,-n", args->nproc, "number of ranks to start")->required()->check(CLI::PositiveNumber);
+  sub->add_option("--nproc,-n", args->nproc, "number of ranks to start")->required()->check(positive());
   sub->add_option("--master-addr", args->master_addr, "address of rank 0's rendezvous store")
       ->capture_default_str();
   sub->add_option("--master-port", args->master_port, "its port; 0 picks a free one")->capture_default_str();
@@ -45,7 +45,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("--max-restarts", args->max_restarts,
                   "when a rank fails, restart the whole group up to K times (PIPETRAIN_RESTART_COUNT / "
                   "TORCHELASTIC_RESTART_COUNT tell the ranks, which resume from their checkpoint)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   sub->add_flag("--oversubscribe", args->oversubscribe, "start the ranks even when they are more than 8 per core");
   sub->add_option("command", args->command, "the command to run and its arguments, after --")->required();

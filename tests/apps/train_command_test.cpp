@@ -412,6 +412,18 @@ TEST_F(TrainCommand, BadArgumentsGiveOneLineAndUsage) {
   const auto r = cli("train --resume --run-dir " + (dir_ / "none").string(), 30);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("no checkpoint"), std::string::npos) << r.output;
+  // A numeric bound names itself and the value (CLI11's own said "not in range 0.000000 to
+  // 1797693134862315708...").
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"train --steps -3", "--steps: must be > 0, got -3"},
+           {"train --checkpoint-every -1", "--checkpoint-every: must be >= 0, got -1"},
+           {"launch -n abc -- true", "--nproc: must be a number > 0, got 'abc'"}}) {
+    SCOPED_TRACE(args);
+    const auto bad = cli(args, 30);
+    EXPECT_NE(bad.status, 0);
+    EXPECT_NE(bad.output.find(expect), std::string::npos) << bad.output;
+    EXPECT_EQ(bad.output.find("179769"), std::string::npos) << bad.output;
+  }
 }
 
 // An impossible layout is one line naming the numbers and the fix, before any process starts

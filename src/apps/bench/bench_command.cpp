@@ -383,16 +383,16 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "run the layout of a plan file (pipetrain plan's output; its last JSON line) and report its "
                   "predicted samples/s beside the measured")
       ->check(CLI::ExistingFile);
-  sub->add_option("--stages", args->stages, "pipeline stages (default: the workload's)")->check(CLI::PositiveNumber);
-  sub->add_option("--replicas", args->replicas, "data-parallel replicas")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--stages", args->stages, "pipeline stages (default: the workload's)")->check(positive());
+  sub->add_option("--replicas", args->replicas, "data-parallel replicas")->check(positive())->capture_default_str();
   sub->add_option("--schedule", args->schedule, "1f1b, fill-drain, interleaved, zb-h1, zb-v, dualpipev, v-half or v-min")->capture_default_str();
   sub->add_option("--chunks", args->chunks, "model chunks per stage (interleaved; default: the schedule's)");
   sub->add_option("--micro-batches", args->micro_batches, "micro-batches per step (default: the workload's 8)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--steps", args->steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--warmup", args->warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(positive());
+  sub->add_option("--steps", args->steps, "timed steps")->check(positive())->capture_default_str();
+  sub->add_option("--warmup", args->warmup, "untimed steps first")->check(non_negative())->capture_default_str();
   sub->add_option("--repeat", args->repeat, "runs in fresh processes; medians are reported")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   sub->add_option("--threads-per-rank", args->threads_per_rank, "intra-op threads per rank (0: cores / ranks)")
       ->capture_default_str();

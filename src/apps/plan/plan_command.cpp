@@ -246,23 +246,23 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--example", args->example, "or an example model: cnn, gpt or mlp")
       ->check(CLI::IsMember({"cnn", "gpt", "mlp"}));
   sub->add_option("--max-memory-mb", args->max_memory_mb, "per-process memory cap in MiB (0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   sub->add_option("--processes", args->processes, "processes to use: stages x replicas (default: the "
                                                   "workload's or example's stages)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub->add_option("--cores", args->cores, "CPU cores the processes share (default: this machine's)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub->add_option("--max-micro-batches", args->max_micro_batches, "largest micro-batch count tried (powers of 2)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   sub->add_option("--budget-ms", args->budget_ms, "profiling time per micro-batch size")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   sub->add_option("--gemm-kernel", args->gemm_kernel, "the engine's Linear kernel to profile: auto, native, onednn, blas")
       ->check(CLI::IsMember({"auto", "native", "onednn", "blas"}))
       ->capture_default_str();
-  sub->add_option("--stages", args->stages, "only these stage counts")->check(CLI::PositiveNumber);
-  sub->add_option("--micro-batches", args->micro_batches, "only these micro-batch counts")->check(CLI::PositiveNumber);
+  sub->add_option("--stages", args->stages, "only these stage counts")->check(positive());
+  sub->add_option("--micro-batches", args->micro_batches, "only these micro-batch counts")->check(positive());
   sub->add_option("--schedule", args->schedules, "only these schedule kinds");
   sub->add_flag("--show-profile", args->show_profile, "print each layer's profiled costs");
   sub->add_flag("--profile-alone", args->profile_alone,

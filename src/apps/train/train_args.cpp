@@ -1,6 +1,7 @@
 // Command-line options of `pipetrain train`.
 #include "apps/train/train_args.h"
 
+#include "apps/commands.h"
 #include "apps/examples/example.h"
 #include "apps/plan/plan_file.h"
 #include "pipetrain/error.h"
@@ -55,28 +56,28 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
   sub.add_option("--example", args->example, "cnn (Fashion-MNIST, the default), gpt (char-level on fortunes), mlp or resnet (Fashion-MNIST with skips)")
       ->check(CLI::IsMember(examples::example_names()))
       ->capture_default_str();
-  sub.add_option("--stages", args->stages, "pipeline stages, one process each (default 2)")->check(CLI::PositiveNumber);
+  sub.add_option("--stages", args->stages, "pipeline stages, one process each (default 2)")->check(positive());
   sub.add_option("--replicas", args->replicas, "data-parallel replicas (processes = stages x replicas)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   sub.add_option("--micro-batches", args->micro_batches, "micro-batches per step (gradient accumulation)")
-      ->check(CLI::PositiveNumber);
-  sub.add_option("--micro-batch-size", args->micro_batch_size, "rows per micro-batch")->check(CLI::PositiveNumber);
+      ->check(positive());
+  sub.add_option("--micro-batch-size", args->micro_batch_size, "rows per micro-batch")->check(positive());
   sub.add_option("--precision", args->precision,
                  "fp32, bf16 or fp16: what the layers compute in (float32 master weights); overrides the "
                  "config's bf16/fp16 blocks")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub.add_option("--tensor-parallel", args->tensor_parallel,
                  "ranks per tensor-parallel group (Megatron-style layers: gpt); processes = stages x replicas x this")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub.add_option("--zero-stage", args->zero_stage,
                  "ZeRO stage: 1 shards the optimizer state across the replicas (zero_optimization.stage)")
       ->check(CLI::Range(0, 3));
   sub.add_option("--schedule", args->schedule, "1f1b (default), fill-drain, interleaved, zb-h1, zb-v, dualpipev, v-half or v-min")
       ->check(CLI::IsMember({"1f1b", "fill-drain", "interleaved", "zb-h1", "zb-v", "dualpipev", "v-half", "v-min"}));
-  auto* steps = sub.add_option("--steps", args->steps, "optimizer steps to train")->check(CLI::PositiveNumber);
+  auto* steps = sub.add_option("--steps", args->steps, "optimizer steps to train")->check(positive());
   sub.add_option("--epochs", args->epochs, "passes over the training set (cnn)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->excludes(steps);
   sub.add_option("--config", args->config_file, "the engine's JSON config (DeepSpeed key names)")
       ->check(CLI::ExistingFile);
@@ -89,11 +90,11 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
   sub.add_flag("--resume", args->resume, "continue from the checkpoint in --run-dir (any stage count)");
   sub.add_option("--checkpoint-every", args->checkpoint_every,
                  "also save the checkpoint every N steps (a restart resumes from the latest)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   sub.add_option("--max-restarts", args->max_restarts,
                  "when a process fails, restart them all up to K times; they resume from the latest "
                  "checkpoint by themselves")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   sub.add_option("--eval-every", args->eval_every, "evaluate every K steps as well as at the end");
   sub.add_option("--eval-samples", args->eval_samples, "evaluate on the first N samples only");
   sub.add_option("--dropout", args->dropout,
