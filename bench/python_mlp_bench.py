@@ -133,9 +133,11 @@ def python_engine():
 
 def cpp_gpipe(checkpoint):
     mode = {'always': 0, 'except_last': 1, 'never': 2}[checkpoint]
-    out = run([build_dir() / 'bench' / 'gpipe_bench', f'--benchmark_filter=BM_GPipe/{mode}$',
-               '--benchmark_format=json'])
-    bench = json.loads(out[out.index('{'):])['benchmarks'][0]
+    report = pathlib.Path(f'/tmp/pipetrain_gpipe_bench_{os.getpid()}.json')
+    run([build_dir() / 'bench' / 'gpipe_bench', f'--benchmark_filter=^BM_GPipe/{mode}/',
+         f'--benchmark_out={report}', '--benchmark_out_format=json'])
+    bench = json.loads(report.read_text())['benchmarks'][0]
+    report.unlink()
     return {'system': f'C++ GPipe, checkpoint={checkpoint}', 'samples_per_s': bench['samples/s']}
 
 
