@@ -68,7 +68,7 @@ TEST(BenchCommand, ShortRunReportsEveryFieldAndTheEngineLossEqualsTheBaselines) 
   json r;
   ASSERT_NO_FATAL_FAILURE(run_bench({}, r));
 
-  // Every field the command emits (its help and the README name them).
+  // Every field the command emits (its help and docs/performance.md name them).
   for (const char* key :
        {"workload", "stages", "replicas", "micro_batches", "schedule", "chunks", "steps", "repeats", "samples_per_s",
         "baseline_samples_per_s", "speedup", "gflops", "baseline_gflops", "loss_first", "loss_last",

@@ -1,4 +1,5 @@
-// The README's library example: it must compile against the installed package and run.
+// The library example of docs/gpipe.md (the README shows a shorter one): it must compile
+// against the installed package and run.
 // A small regression model trained through GPipe: 2 partitions, 4 micro-batches.
 #include <pipetrain/pipetrain.h>
 

@@ -54,7 +54,7 @@ TEST(VSchedules, TakeExactlyTwoChunksInAV) {
   }
 }
 
-// Simulated with F = B = W = 1: P = 4, M = 8 (the README's table).
+// Simulated with F = B = W = 1: P = 4, M = 8 (the table in docs/schedule.md).
 TEST(VSchedules, MemoryAndBubbleAtFourStagesEightMicroBatches) {
   const auto run = [](ScheduleKind kind) {
     return simulate(make(kind, 4, 8), CostModel::uniform(4, 1, 1, 1, 0));

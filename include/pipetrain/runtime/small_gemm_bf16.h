@@ -3,7 +3,7 @@
 // VDPBF16PS multiplies pairs of bf16 numbers and adds both products to a float32 lane: twice
 // the multiply-adds of a float32 FMA per instruction, so a bf16 product can run at twice the
 // float32 kernels' speed, and oneDNN's bf16 products on a micro-batch of 32 rows do not (they
-// run at the float32 kernels' speed or below: README "Mixed precision"). The operands are laid
+// run at the float32 kernels' speed or below: docs/performance.md, "Mixed precision"). The operands are laid
 // out so that each 32-bit lane holds one pair along the reduction:
 //   forward      y = x W^T + b   W row-major (a pair is two neighbours of a row), x^T packed
 //   input grad   dx = dy W       dy row-major, W packed with its rows interleaved in pairs

@@ -1,5 +1,5 @@
 // The planner's machine constants: what one local message, one step's fixed work and the
-// engine's compute cost here, measured once on this machine (README "Planner": how) and
+// engine's compute cost here, measured once on this machine (docs/planner.md: how) and
 // overridable through the environment for another machine.
 //
 //   PIPETRAIN_PLAN_LATENCY_US   per-message latency between two local ranks (Gloo over loopback)
