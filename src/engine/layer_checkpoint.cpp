@@ -28,6 +28,10 @@ namespace {
 
 constexpr int kFormat = 1;
 
+// What a user can do about a damaged checkpoint.
+constexpr const char* kRestoreFix =
+    "restore the checkpoint directory from a copy, or resume from another checkpoint (or start without --resume)";
+
 std::function<void(const std::string&)>& fault_hook() {
   static std::function<void(const std::string&)> hook;
   return hook;
@@ -154,6 +158,91 @@ std::vector<int64_t> owners(const std::vector<LayerSpec>& specs) {
   return out;
 }
 
+// A manifest that parsed but lacks a field a load reads, or holds one of another type (edited
+// by hand, written by another tool), is refused before anything is loaded from it.
+void check_manifest(const json& m, const fs::path& path) {
+  auto fail = [&](const std::string& what) {
+    throw CheckpointError(
+        fmt::format("{} is not a pipetrain checkpoint manifest: {}; {}", path.string(), what, kRestoreFix));
+  };
+  auto require = [&](const json& j, const std::string& where, bool ok, const char* expected) {
+    if (!ok) fail(fmt::format("{} is {}, expected {}", where, j.type_name(), expected));
+  };
+  auto field = [&](const json& parent, const std::string& where, const char* key) -> const json& {
+    if (!parent.contains(key)) fail(fmt::format("{} has no \"{}\"", where, key));
+    return parent.at(key);
+  };
+  auto integer = [&](const json& parent, const std::string& where, const char* key, bool count = true) {
+    const auto& j = field(parent, where, key);
+    require(j, fmt::format("{}.{}", where, key), j.is_number_integer(), "an integer");
+    if (count && j.get<int64_t>() < 0) fail(fmt::format("{}.{} is {}, expected a count >= 0", where, key, j.dump()));
+  };
+  auto file_entry = [&](const json& e, const std::string& where) {
+    require(e, where, e.is_object(), "an object");
+    const auto& file = field(e, where, "file");
+    require(file, where + ".file", file.is_string(), "a string");
+    const auto name = file.get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      fail(fmt::format("{}.file \"{}\" is not the name of a file in the checkpoint directory", where, name));
+    }
+    const auto& crc = field(e, where, "crc32");
+    require(crc, where + ".crc32", crc.is_number_unsigned(), "an unsigned integer");
+  };
+  require(m, "its top level", m.is_object(), "an object");
+  // Another format may lay its fields out otherwise: say which format it is before anything else.
+  if (!m.contains("format") || !m.at("format").is_number_integer() || m.at("format").get<int64_t>() != kFormat) {
+    throw CheckpointError(fmt::format("{} has checkpoint format {}; this pipetrain reads format {}",
+                                      path.parent_path().string(), m.value("format", json(0)).dump(), kFormat));
+  }
+  integer(m, "the manifest", "layers");
+  integer(m, "the manifest", "step");
+  const auto& files = field(m, "the manifest", "files");
+  require(files, "files", files.is_object(), "an object");
+  for (const auto& [key, entry] : files.items()) {
+    if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos) {
+      fail(fmt::format("files has the key \"{}\", expected a layer index", key));
+    }
+    const auto where = "files." + key;
+    file_entry(entry, where);
+    if (entry.contains("optim")) file_entry(entry.at("optim"), where + ".optim");
+    if (entry.contains("optim_shards")) {
+      const auto& shards = entry.at("optim_shards");
+      require(shards, where + ".optim_shards", shards.is_array(), "an array");
+      for (size_t i = 0; i < shards.size(); ++i) file_entry(shards[i], fmt::format("{}.optim_shards[{}]", where, i));
+    }
+  }
+  if (m.contains("optimizer")) require(m.at("optimizer"), "optimizer", m.at("optimizer").is_string(), "a string");
+  if (m.contains("rng")) {
+    const auto& rng = m.at("rng");
+    require(rng, "rng", rng.is_object(), "an object");
+    integer(rng, "rng", "ranks");
+    const auto& rng_files = field(rng, "rng", "files");
+    require(rng_files, "rng.files", rng_files.is_object(), "an object");
+    for (const auto& [key, entry] : rng_files.items()) file_entry(entry, "rng.files." + key);
+    const auto ranks = rng.at("ranks").get<int64_t>();
+    if (ranks > static_cast<int64_t>(rng_files.size())) {
+      fail(fmt::format("rng.ranks is {} but rng.files lists {}", ranks, rng_files.size()));
+    }
+    for (int64_t r = 0; r < ranks; ++r) field(rng_files, "rng.files", std::to_string(r).c_str());
+  }
+  if (m.contains("written_by")) {
+    const auto& by = m.at("written_by");
+    require(by, "written_by", by.is_object(), "an object");
+    for (const char* key : {"stages", "replicas", "tensor_parallel", "chunks"}) {
+      if (by.contains(key)) integer(by, "written_by", key);
+    }
+  }
+  if (m.contains("loss_scaler")) {
+    const auto& scaler = m.at("loss_scaler");
+    require(scaler, "loss_scaler", scaler.is_object(), "an object");
+    const auto& scale = field(scaler, "loss_scaler", "scale");
+    require(scale, "loss_scaler.scale", scale.is_number(), "a number");
+    for (const char* key : {"iteration", "last_overflow", "hysteresis_left"}) {
+      integer(scaler, "loss_scaler", key, /*count=*/false);
+    }
+  }
+}
+
 json read_manifest(fs::path& dir) {
   dir = resolve_dir(dir);
   const auto path = dir / "manifest.json";
@@ -162,10 +251,26 @@ json read_manifest(fs::path& dir) {
     throw CheckpointError("no checkpoint in " + dir.string() + " (" + path.string() +
                           " is missing); train without --resume first, or point to a checkpoint directory");
   }
+  json manifest;
   try {
-    return json::parse(in);
+    manifest = json::parse(in);
   } catch (const std::exception& e) {
-    throw CheckpointError(path.string() + " is not valid JSON (" + e.what() + "); the checkpoint is corrupt");
+    throw CheckpointError(path.string() + " is not valid JSON (" + e.what() + "); the checkpoint is corrupt: " +
+                          kRestoreFix);
+  }
+  check_manifest(manifest, path);
+  return manifest;
+}
+
+// What check_manifest cannot see (a value that fits its type but not this model) throws
+// nlohmann's exceptions deeper down: they become a CheckpointError naming the file.
+template <typename F>
+auto reading_manifest(const fs::path& dir, F&& body) {
+  try {
+    return body();
+  } catch (const json::exception& e) {
+    throw CheckpointError(fmt::format("{}/manifest.json is not a pipetrain checkpoint manifest ({}); {}",
+                                      dir.string(), e.what(), kRestoreFix));
   }
 }
 
@@ -182,12 +287,14 @@ void save_module(const torch::nn::AnyModule& module, const fs::path& path) {
 // Checks the file the manifest entry describes against its CRC-32; returns its path.
 fs::path verified(const fs::path& dir, const json& entry) {
   const auto path = dir / entry.at("file").get<std::string>();
-  if (!fs::exists(path)) throw CheckpointError("checkpoint file " + path.string() + " is missing");
+  if (!fs::exists(path)) {
+    throw CheckpointError("checkpoint file " + path.string() + " is missing; " + kRestoreFix);
+  }
   const uint32_t expected = entry.at("crc32").get<uint32_t>();
   const uint32_t actual = file_crc32(path);
   if (expected != actual) {
-    throw CheckpointError(fmt::format("checkpoint file {} is corrupt: CRC-32 {:08x}, the manifest says {:08x}",
-                                      path.string(), actual, expected));
+    throw CheckpointError(fmt::format("checkpoint file {} is corrupt: CRC-32 {:08x}, the manifest says {:08x}; {}",
+                                      path.string(), actual, expected, kRestoreFix));
   }
   return path;
 }
@@ -260,10 +367,6 @@ void load_module(torch::nn::AnyModule& module, const fs::path& dir, const json& 
 }
 
 void check_layers(const json& manifest, size_t layers, const fs::path& dir) {
-  if (manifest.value("format", 0) != kFormat) {
-    throw CheckpointError(dir.string() + " has checkpoint format " + manifest.value("format", json(0)).dump() +
-                          "; this pipetrain reads format " + std::to_string(kFormat));
-  }
   const auto stored = manifest.at("layers").get<int64_t>();
   if (stored != static_cast<int64_t>(layers)) {
     throw CheckpointError(fmt::format("the checkpoint in {} holds {} layers but the model has {}; it was "
@@ -278,12 +381,12 @@ void check_layers(const json& manifest, size_t layers, const fs::path& dir) {
 void restore_rng_if_same_layout(PipelineEngine& engine, const fs::path& dir, const json& manifest) {
   if (!manifest.contains("rng") || !manifest.contains("written_by")) return;
   const auto& by = manifest.at("written_by");
-  const bool same = manifest["rng"].value("ranks", -1) == engine.communicator().world_size() &&
+  const bool same = manifest.at("rng").value("ranks", -1) == engine.communicator().world_size() &&
                     by.value("stages", -1) == engine.num_stages() && by.value("replicas", -1) == engine.num_replicas() &&
                     by.value("tensor_parallel", 1) == engine.tensor_parallel_size() &&
                     by.value("chunks", -1) == engine.num_chunks();
   if (!same) return;
-  const auto& entry = manifest["rng"]["files"].at(std::to_string(engine.communicator().rank()));
+  const auto& entry = manifest.at("rng").at("files").at(std::to_string(engine.communicator().rank()));
   load_rng_state(engine, verified(dir, entry));
 }
 
@@ -317,6 +420,56 @@ void install(const fs::path& partial, const fs::path& dir) {
   sync_directory(parent);
   at_phase("synced");
   fs::remove_all(old);
+}
+
+int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manifest) {
+  check_layers(manifest, engine.module().layers.size(), dir);
+  const auto owner = owners(engine.module().layers);
+  // A layer the manifest lists no file for is found before any layer loads.
+  for (const auto& [index, module] : engine.local_layers()) {
+    layer_entry(dir, manifest, owner[static_cast<size_t>(index)]);
+  }
+  for (auto& [index, module] : engine.local_layers()) {
+    load_module(module, dir, manifest, owner[static_cast<size_t>(index)], index);
+    if (engine.optimizer()) {
+      load_optimizer_state(*engine.optimizer(), engine.config().optimizer.type, module, dir, manifest,
+                           owner[static_cast<size_t>(index)], index);
+    }
+    detail::cut_loaded_shards(*module.ptr(), engine.optimizer());
+  }
+  engine.parameters_changed();
+  restore_rng_if_same_layout(engine, dir, manifest);
+  // A run resumed in fp16 continues with the saved scale (one saved in another precision, or
+  // before fp16 was on, starts from the config's initial scale).
+  if (LossScaler* scaler = engine.loss_scaler(); scaler && manifest.contains("loss_scaler")) {
+    const auto& j = manifest.at("loss_scaler");
+    LossScaler::State st;
+    st.scale = j.at("scale").get<double>();
+    st.iteration = j.at("iteration").get<int64_t>();
+    st.last_overflow = j.at("last_overflow").get<int64_t>();
+    st.hysteresis_left = j.at("hysteresis_left").get<int64_t>();
+    scaler->restore(st);
+  }
+  const auto step = manifest.at("step").get<int64_t>();
+  engine.set_global_steps(step);
+  return step;
+}
+
+int64_t load_into(BuiltLayers& layers, const fs::path& dir, const json& manifest, torch::optim::Optimizer* optimizer,
+                  const std::string& optimizer_type) {
+  check_layers(manifest, layers.specs.size(), dir);
+  const auto owner = owners(layers.specs);
+  for (size_t i = 0; i < layers.modules.size(); ++i) layer_entry(dir, manifest, owner[i]);  // before any loads
+  std::set<const void*> seen;
+  for (size_t i = 0; i < layers.modules.size(); ++i) {
+    if (!seen.insert(layers.modules[i].ptr().get()).second) continue;
+    load_module(layers.modules[i], dir, manifest, owner[i], static_cast<int64_t>(i));
+    if (optimizer) {
+      load_optimizer_state(*optimizer, optimizer_type, layers.modules[i], dir, manifest, owner[i],
+                           static_cast<int64_t>(i));
+    }
+  }
+  return manifest.at("step").get<int64_t>();
 }
 
 }  // namespace
@@ -427,50 +580,14 @@ void set_checkpoint_fault_hook(std::function<void(const std::string& phase)> hoo
 int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
   fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
-  check_layers(manifest, engine.module().layers.size(), dir);
-  const auto owner = owners(engine.module().layers);
-  for (auto& [index, module] : engine.local_layers()) {
-    load_module(module, dir, manifest, owner[static_cast<size_t>(index)], index);
-    if (engine.optimizer()) {
-      load_optimizer_state(*engine.optimizer(), engine.config().optimizer.type, module, dir, manifest,
-                           owner[static_cast<size_t>(index)], index);
-    }
-    detail::cut_loaded_shards(*module.ptr(), engine.optimizer());
-  }
-  engine.parameters_changed();
-  restore_rng_if_same_layout(engine, dir, manifest);
-  // A run resumed in fp16 continues with the saved scale (one saved in another precision, or
-  // before fp16 was on, starts from the config's initial scale).
-  if (LossScaler* scaler = engine.loss_scaler(); scaler && manifest.contains("loss_scaler")) {
-    const auto& j = manifest.at("loss_scaler");
-    LossScaler::State st;
-    st.scale = j.at("scale").get<double>();
-    st.iteration = j.at("iteration").get<int64_t>();
-    st.last_overflow = j.at("last_overflow").get<int64_t>();
-    st.hysteresis_left = j.at("hysteresis_left").get<int64_t>();
-    scaler->restore(st);
-  }
-  const auto step = manifest.at("step").get<int64_t>();
-  engine.set_global_steps(step);
-  return step;
+  return reading_manifest(dir, [&] { return load_into(engine, dir, manifest); });
 }
 
 int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name, torch::optim::Optimizer* optimizer,
                         const std::string& optimizer_type) {
   fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
-  check_layers(manifest, layers.specs.size(), dir);
-  const auto owner = owners(layers.specs);
-  std::set<const void*> seen;
-  for (size_t i = 0; i < layers.modules.size(); ++i) {
-    if (!seen.insert(layers.modules[i].ptr().get()).second) continue;
-    load_module(layers.modules[i], dir, manifest, owner[i], static_cast<int64_t>(i));
-    if (optimizer) {
-      load_optimizer_state(*optimizer, optimizer_type, layers.modules[i], dir, manifest, owner[i],
-                           static_cast<int64_t>(i));
-    }
-  }
-  return manifest.at("step").get<int64_t>();
+  return reading_manifest(dir, [&] { return load_into(layers, dir, manifest, optimizer, optimizer_type); });
 }
 
 int64_t checkpoint_step(const std::string& dir_name) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -22,6 +23,24 @@ namespace {
 namespace fs = std::filesystem;
 
 class LayerCheckpoint : public CheckpointDirTest {};
+
+std::vector<torch::Tensor> snapshot_parameters(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool same_values(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& values) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!torch::equal(params[i], values[i])) return false;
+  }
+  return params.size() == values.size();
+}
+
+void assign(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
+}
 
 TEST_F(LayerCheckpoint, ResumesUnderAnotherLayoutAndInOneProcess) {
   auto make = [] { return tied_mlp(5, 12, 3); };
@@ -350,6 +369,118 @@ TEST_F(LayerCheckpoint, CorruptionAndMismatchAreCheckpointErrors) {
   }
   EXPECT_THROW(load_checkpoint(built, (dir_ / "missing").string()), CheckpointError);
   EXPECT_EQ(checkpoint_step((dir_ / "missing").string()), -1);
+}
+
+// Every field of a manifest removed, or given a value of another type, one at a time (a manifest
+// edited by hand, or written by another tool): each load either succeeds (the field is optional)
+// or is a CheckpointError, on the one-process path and in an engine. A manifest refused as such
+// has loaded nothing.
+TEST_F(LayerCheckpoint, AnEditedManifestIsACheckpointErrorBeforeAnythingLoads) {
+  using nlohmann::json;
+  auto make = [] { return mlp(5, 8, 5, 3); };
+  auto config = ckpt_config(1);
+  config.optimizer.type = "AdamW";
+  const auto ckpt = (dir_ / "ckpt").string();
+  run_pipeline(1, config, make, [&](PipelineEngine& engine) {
+    train_steps(engine, 2, 0);
+    save_checkpoint(engine, ckpt);
+  });
+  const auto manifest_path = ckpt + "/manifest.json";
+  json original = json::parse(std::ifstream(manifest_path));
+  // Only an fp16 run writes the scaler's state; its fields are edited too.
+  original["loss_scaler"] = {{"scale", 1024.0}, {"iteration", 2}, {"last_overflow", -1}, {"hysteresis_left", 2}};
+  std::vector<json::json_pointer> pointers;
+  std::function<void(const json&, const json::json_pointer&)> walk = [&](const json& j, const json::json_pointer& at) {
+    if (!at.empty()) pointers.push_back(at);
+    if (j.is_object()) {
+      for (const auto& [key, value] : j.items()) walk(value, at / key);
+    } else if (j.is_array()) {
+      for (size_t i = 0; i < j.size(); ++i) walk(j[i], at / i);
+    }
+  };
+  walk(original, json::json_pointer());
+  ASSERT_GT(pointers.size(), 30u);
+  const std::vector<std::pair<std::string, json>> replacements = {
+      {"a string", "x"}, {"-7", -7}, {"2.5", 2.5}, {"an object", json::object()}, {"an array", json::array()},
+      {"null", nullptr}, {"true", true}};
+  struct Edit {
+    std::string label;
+    json manifest;
+  };
+  std::vector<Edit> edits;
+  for (const auto& at : pointers) {
+    json removed = original;
+    auto& parent = removed[at.parent_pointer()];
+    if (parent.is_array()) {
+      parent.erase(std::stoul(at.back()));
+    } else {
+      parent.erase(at.back());
+    }
+    edits.push_back({at.to_string() + " removed", removed});
+    for (const auto& [name, value] : replacements) {
+      json edited = original;
+      edited[at] = value;
+      edits.push_back({at.to_string() + " = " + name, edited});
+    }
+  }
+  auto write = [&](const json& manifest) { std::ofstream(manifest_path) << manifest.dump(2); };
+  // Loads `edit` through `load`; counts the refusals.
+  std::set<std::string> refused;
+  auto expect_load_or_checkpoint_error = [&](const Edit& edit, const std::function<void()>& load,
+                                             const std::function<bool()>& unchanged) {
+    write(edit.manifest);
+    try {
+      load();
+    } catch (const CheckpointError& e) {
+      refused.insert(edit.label);
+      const std::string what = e.what();
+      if (what.find("is not a pipetrain checkpoint manifest") != std::string::npos) {
+        EXPECT_TRUE(unchanged()) << edit.label << ": refused after loading part of it: " << what;
+        EXPECT_NE(what.find("restore the checkpoint directory"), std::string::npos) << what;
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << edit.label << ": " << typeid(e).name() << ": " << e.what();
+    }
+  };
+  auto module = make();
+  auto built = build_seeded_layers(module.layers, 0, static_cast<int64_t>(module.layers.size()), 7);
+  torch::optim::AdamW adamw(built.parameters(), torch::optim::AdamWOptions(0.01));
+  const auto fresh = snapshot_parameters(built.parameters());
+  for (const auto& edit : edits) {
+    assign(built.parameters(), fresh);
+    adamw.state().clear();
+    expect_load_or_checkpoint_error(
+        edit, [&] { load_checkpoint(built, ckpt, &adamw, "AdamW"); },
+        [&] { return adamw.state().empty() && same_values(built.parameters(), fresh); });
+  }
+  const std::set<std::string> refused_one_process = refused;
+  refused.clear();
+  run_pipeline(1, config, make, [&](PipelineEngine& engine) {
+    const auto before = snapshot_parameters(engine.parameters());
+    for (const auto& edit : edits) {
+      assign(engine.parameters(), before);
+      expect_load_or_checkpoint_error(
+          edit, [&] { load_checkpoint(engine, ckpt); },
+          [&] { return same_values(engine.parameters(), before); });
+      if (::testing::Test::HasFailure()) break;
+    }
+  });
+  // Both paths refuse what breaks a field they read, and load despite edits of what they do not.
+  auto expect_refusals = [](const std::set<std::string>& set, const char* path) {
+    for (const char* label : {"/step removed", "/layers = a string", "/files removed", "/files/0/crc32 = -7",
+                              "/files/0/file = an object", "/files/0/optim/crc32 = 2.5", "/rng/ranks = null",
+                              "/rng/files = an object", "/loss_scaler/scale = a string", "/format = true"}) {
+      EXPECT_TRUE(set.count(label)) << path << ": " << label << " was loaded";
+    }
+    for (const char* label : {"/config removed", "/samples = a string", "/written_by removed"}) {
+      EXPECT_FALSE(set.count(label)) << path << ": " << label << " was refused";
+    }
+  };
+  expect_refusals(refused_one_process, "one process");
+  expect_refusals(refused, "engine");
+  // The untouched manifest still loads.
+  write(original);
+  EXPECT_EQ(load_checkpoint(built, ckpt, &adamw, "AdamW"), 2);
 }
 
 }  // namespace
