@@ -3,10 +3,6 @@
 
 #include <fmt/format.h>
 #include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
-
-#include <algorithm>
-#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -17,6 +13,7 @@
 #include "pipetrain/comm/inprocess.h"
 #include "pipetrain/engine/layer_checkpoint.h"
 #include "pipetrain/error.h"
+#include "state_dict_pickle.h"
 
 namespace pipetrain {
 
@@ -25,7 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // DeepSpeed's ckpt_layer_path without tensor parallelism (whose shards add "-model_XX").
-std::string layer_file(int64_t index) { return fmt::format("layer_{:02d}-model_states.pt", index); }
+std::string deepspeed_layer_file(int64_t index) { return fmt::format("layer_{:02d}-model_states.pt", index); }
 
 bool holds_layer_files(const fs::path& dir) {
   if (!fs::is_directory(dir)) return false;
@@ -59,12 +56,12 @@ std::map<std::string, torch::Tensor> module_state(const torch::nn::Module& modul
 // The file that holds layer `index`: its own, or for a tied use without one (DeepSpeed saves
 // a tied use that runs a forward_fn as a function, without state), its key's first use's.
 fs::path layer_path(const fs::path& tag_dir, const std::vector<LayerSpec>& specs, int64_t index) {
-  const auto own = tag_dir / layer_file(index);
+  const auto own = tag_dir / deepspeed_layer_file(index);
   const auto& spec = specs.at(static_cast<size_t>(index));
   if (fs::exists(own) || !spec.tied()) return own;
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].tied_key == spec.tied_key && fs::exists(tag_dir / layer_file(static_cast<int64_t>(i)))) {
-      return tag_dir / layer_file(static_cast<int64_t>(i));
+    if (specs[i].tied_key == spec.tied_key && fs::exists(tag_dir / deepspeed_layer_file(static_cast<int64_t>(i)))) {
+      return tag_dir / deepspeed_layer_file(static_cast<int64_t>(i));
     }
   }
   return own;
@@ -116,31 +113,6 @@ void load_layer(const torch::nn::AnyModule& module, const std::vector<LayerSpec>
   }
 }
 
-// LibTorch's unpickler reads collections.OrderedDict() as None: it expects one only as a
-// tensor's (empty) backward hooks. A state dict is an OrderedDict at the top of the pickle,
-//
-//   PROTO 2 | GLOBAL collections OrderedDict | BINPUT m | EMPTY_TUPLE REDUCE | ...SETITEMS
-//
-// so there it is rewritten as a plain dict that holds the GLOBAL under kHooksKey (the tensors'
-// hooks refer to it through memo m, and this unpickler has neither POP nor SETITEM):
-//
-//   PROTO 2 | EMPTY_DICT MARK | BINUNICODE kHooksKey | GLOBAL ... | BINPUT m | SETITEMS | ...SETITEMS
-const std::string kHooksKey = "\x01pipetrain: OrderedDict";
-
-std::string top_level_dict(const std::string& pickle) {
-  const std::string global = "ccollections\nOrderedDict\n";
-  if (pickle.size() < 2 || pickle[0] != '\x80' || pickle.compare(2, global.size(), global) != 0) return pickle;
-  size_t pos = 2 + global.size();
-  if (pos < pickle.size() && pickle[pos] == 'q') pos += 2;       // BINPUT, 1-byte index
-  else if (pos < pickle.size() && pickle[pos] == 'r') pos += 5;  // LONG_BINPUT, 4-byte index
-  if (pickle.compare(pos, 2, ")R") != 0) return pickle;
-  const auto n = static_cast<uint32_t>(kHooksKey.size());
-  std::string key = "X";
-  for (int b = 0; b < 4; ++b) key += static_cast<char>((n >> (8 * b)) & 0xff);
-  key += kHooksKey;
-  return pickle.substr(0, 2) + "}(" + key + pickle.substr(2, pos - 2) + "u" + pickle.substr(pos + 2);
-}
-
 }  // namespace
 
 std::string deepspeed_tag_dir(const std::string& dir_name) {
@@ -161,43 +133,21 @@ std::string deepspeed_tag_dir(const std::string& dir_name) {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> read_deepspeed_layer(const std::string& path) {
-  c10::IValue value;
   try {
     caffe2::serialize::PyTorchStreamReader archive(path);
     const auto [data, size] = archive.getRecord("data.pkl");
-    auto pickle = top_level_dict(std::string(static_cast<const char*>(data.get()), size));
-    size_t pos = 0;
-    auto read = [&](char* out, size_t n) {
-      const size_t k = std::min(n, pickle.size() - pos);
-      std::memcpy(out, pickle.data() + pos, k);
-      pos += k;
-      return k;
-    };
+    const std::string pickle(static_cast<const char*>(data.get()), size);
     // torch.save keeps each storage in the record data/<key>.
-    auto read_record = [&](const std::string& key) {
-      return std::get<0>(archive.getRecord(archive.hasRecord("data/" + key) ? "data/" + key : key));
+    auto records = [&](const std::string& key) -> std::pair<at::DataPtr, size_t> {
+      auto [record, bytes] = archive.getRecord(archive.hasRecord("data/" + key) ? "data/" + key : key);
+      return {std::move(record), bytes};
     };
-    torch::jit::Unpickler unpickler(read, nullptr, nullptr, read_record, c10::nullopt);
-    value = unpickler.parse_ivalue();
+    return detail::read_pickled_state_dict(pickle, records, path);
   } catch (const c10::Error& e) {
     throw CheckpointError(fmt::format("{} is not a torch.save file that LibTorch can read ({}); re-save it with "
                                       "torch.save in PyTorch >= 1.6 (the zip format)",
                                       path, e.what_without_backtrace()));
   }
-  if (!value.isGenericDict()) {
-    throw CheckpointError(fmt::format("{} holds a {}, not a state dict (name -> tensor)", path,
-                                      value.tagKind()));
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& entry : value.toGenericDict()) {
-    if (entry.key().isString() && entry.key().toStringRef() == kHooksKey) continue;
-    if (!entry.key().isString() || !entry.value().isTensor()) {
-      throw CheckpointError(fmt::format("{} holds an entry {} -> {}; a layer's state dict maps names to tensors",
-                                        path, entry.key().tagKind(), entry.value().tagKind()));
-    }
-    out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
-  }
-  return out;
 }
 
 std::string load_deepspeed_checkpoint(PipelineEngine& engine, const std::string& dir) {

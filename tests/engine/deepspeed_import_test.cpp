@@ -2,6 +2,8 @@
 // PyTorch) load into one process and into each rank of a pipeline with the exact tensors saved.
 #include "pipetrain/engine/deepspeed_import.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -109,6 +111,19 @@ TEST_F(DeepSpeedImport, ConvertsHalfAndBFloat16ToTheModulesFloat) {
   expect_layers_equal("mlp_half", layers);
 }
 
+// A user's own torch.save(layer.state_dict()): the dict's _metadata (a BUILD) and, with
+// keep_vars=True, nn.Parameter values (_rebuild_parameter).
+TEST_F(DeepSpeedImport, ReadsStateDictsWithMetadataAndParameters) {
+  auto layers = build(ds_mlp());
+  load_deepspeed_checkpoint(layers, (kFixtures / "as_saved").string());
+  expect_layers_equal("as_saved", layers);
+  const auto file = kFixtures / "as_saved" / "global_step3" / "layer_00-model_states.pt";
+  const auto entries = read_deepspeed_layer(file.string());
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].first, "weight");
+  EXPECT_EQ(entries[1].first, "bias");
+}
+
 TEST_F(DeepSpeedImport, EachRankOfAPipelineLoadsItsOwnLayers) {
   std::mutex mutex;
   std::map<int, std::set<int64_t>> layers_of_stage;
@@ -193,6 +208,113 @@ TEST_F(DeepSpeedImport, ConvertsToAPipetrainCheckpointThatAnyLayoutLoads) {
     }
   });
   EXPECT_EQ(compared, 6u);
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A damaged file and a hostile pickle (fuzzing): the file cut at every length and each of its bytes
+// flipped, and its data.pkl cut at every length and each of its bytes set to ten values inside a
+// well-formed zip, so that the unpickler itself meets the damage (LibTorch 1.13's own unpickler
+// crashed on the third such pickle). Each read is a state dict or a CheckpointError naming the
+// file: never another exception, never a crash.
+TEST_F(DeepSpeedImport, DamagedFilesAndHostilePicklesAreCheckpointErrors) {
+  const auto source = kFixtures / "mlp" / "global_step100" / "layer_02-model_states.pt";
+  const std::string bytes = read_bytes(source);
+  fs::create_directories(dir_);
+  const auto path = dir_ / "layer_02-model_states.pt";
+  int refused = 0;
+  int read = 0;
+  auto attempt = [&](const std::string& label) {
+    try {
+      read_deepspeed_layer(path.string());
+      ++read;
+    } catch (const CheckpointError& e) {
+      ++refused;
+      if (std::string(e.what()).find(path.string()) == std::string::npos) {
+        ADD_FAILURE() << label << ": the error does not name the file: " << e.what();
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << label << ": " << typeid(e).name() << ": " << e.what();
+    }
+  };
+  for (size_t n = 0; n < bytes.size() && !HasFailure(); ++n) {
+    write_bytes(path, bytes.substr(0, n));
+    attempt(fmt::format("cut to {} bytes", n));
+  }
+  EXPECT_EQ(refused, static_cast<int>(bytes.size()));
+  for (size_t i = 0; i < bytes.size() && !HasFailure(); ++i) {
+    auto flipped = bytes;
+    flipped[i] = static_cast<char>(flipped[i] ^ 0xff);
+    write_bytes(path, flipped);
+    attempt(fmt::format("byte {} flipped", i));
+  }
+
+  std::map<std::string, std::string> records;
+  {
+    caffe2::serialize::PyTorchStreamReader reader(source.string());
+    for (const auto& name : reader.getAllRecords()) {
+      if (name == "version" || name == ".data/version") continue;  // the writer adds its own
+      const auto [data, size] = reader.getRecord(name);
+      records[name] = std::string(static_cast<const char*>(data.get()), size);
+    }
+  }
+  const std::string pickle = records.at("data.pkl");
+  auto rezip = [&](const std::string& pkl) {
+    caffe2::serialize::PyTorchStreamWriter writer(path.string());
+    for (const auto& [name, data] : records) {
+      const auto& record = name == "data.pkl" ? pkl : data;
+      writer.writeRecord(name, record.data(), record.size());
+    }
+    writer.writeEndOfFile();
+  };
+  rezip(pickle);
+  const int read_before = read;
+  attempt("the pickle as it was");
+  ASSERT_EQ(read, read_before + 1) << "the rewritten zip must read as the original";
+  const int refused_before_cuts = refused;
+  for (size_t n = 0; n < pickle.size() && !HasFailure(); ++n) {
+    rezip(pickle.substr(0, n));
+    attempt(fmt::format("data.pkl cut to {} bytes", n));
+  }
+  EXPECT_EQ(refused - refused_before_cuts, static_cast<int>(pickle.size())) << "a cut pickle has no STOP";
+  // Each byte set to 0x00, 0xff, its lowest bit flipped, and to MARK, STOP, REDUCE, SETITEMS,
+  // BINGET, BINPUT, TUPLE, EMPTY_DICT and BUILD.
+  for (size_t i = 0; i < pickle.size() && !HasFailure(); ++i) {
+    const char flipped = static_cast<char>(pickle[i] ^ 1);
+    for (const char c : {'\x00', '\xff', flipped, '(', '.', 'R', 'u', 'h', 'q', 't', '}', 'b'}) {
+      if (pickle[i] == c) continue;
+      auto mutated = pickle;
+      mutated[i] = c;
+      rezip(mutated);
+      attempt(fmt::format("data.pkl byte {} set to 0x{:02x}", i, static_cast<unsigned char>(c)));
+    }
+  }
+  // And three pickles written to harm a reader: containers nested 100000 deep (freeing them would
+  // recurse as deep), a call of os.system, and a string longer than the file.
+  using namespace std::string_literals;
+  const std::string deep = pickle.substr(0, 2) + "N" + std::string(100000, '\x85') + ".";
+  const std::string call = pickle.substr(0, 2) + "cposix\nsystem\nX\x04\0\0\0true\x85R."s;
+  const std::string long_string = pickle.substr(0, 2) + "X\xff\xff\xff\x7f";
+  for (const auto& [label, hostile, expected] :
+       {std::tuple<const char*, std::string, const char*>{"nested", deep, "nested more than 64 deep"},
+        {"os.system", call, "calls posix.system"},
+        {"long string", long_string, "a string of 2147483647 bytes"}}) {
+    rezip(hostile);
+    try {
+      read_deepspeed_layer(path.string());
+      ADD_FAILURE() << label << " was read";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << label << ": " << e.what();
+    }
+  }
 }
 
 }  // namespace
