@@ -92,7 +92,7 @@ def config(case, replicas):
         'train_batch_size': 2 * m * replicas,
         'steps_per_print': 10**6,
         'optimizer': {'type': case.get('optimizer', 'SGD'), 'params': {'lr': 0.1, **case.get('optimizer_params', {})}},
-        'pipeline': {'schedule': case.get('schedule', '1f1b'), 'comm_timeout_s': 20},
+        'pipeline': {'schedule': case.get('schedule', '1f1b'), 'comm_timeout_s': case.get('comm_timeout_s', 20)},
     }
     if case.get('chunks', 1) > 1:
         cfg['pipeline']['chunks'] = case['chunks']

@@ -4,6 +4,7 @@ compare with the one-process oracle."""
 import json
 import os
 import pathlib
+import signal
 import sys
 
 import torch
@@ -36,7 +37,11 @@ def run(case, out_dir):
     start = engine.global_steps
     data = engine_cases.data(case['model'], engine.global_rank % replicas, replicas, engine.micro_batches, steps,
                              start)
-    losses = [engine.train_batch(data).item() for _ in range(steps)]
+    losses = []
+    for step in range(steps):
+        if step == case.get('stop_at_step') and rank == case.get('stop_rank', 0):
+            os.kill(os.getpid(), signal.SIGSTOP)  # hangs here, as a rank stuck in a kernel or a debugger would
+        losses.append(engine.train_batch(data).item())
     if case.get('save_to'):
         engine.save_checkpoint(case['save_to'], client_state={'saved_by': case['name']})
     state = {i: {k: v.detach().clone() for k, v in m.state_dict().items()} for i, m in module.local_layers.items()}

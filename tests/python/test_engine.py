@@ -4,6 +4,8 @@ the same weights, for each schedule, activation checkpointing, Python and native
 Python loss, tied layers, data-parallel replicas with ZeRO-1, clipping and AdamW."""
 import json
 import pathlib
+import subprocess
+import time
 
 import pytest
 import torch
@@ -115,3 +117,19 @@ def test_a_python_exception_on_one_rank_ends_every_rank_with_its_traceback(tmp_p
     assert 'engine_cases.py' in log and 'in forward' in log  # the Python traceback of the layer
     assert 'pipetrain: raised in stage' in log  # where in the schedule it happened
     assert 'rank 1' in log  # the other rank names the one that failed
+
+
+def test_a_stopped_rank_is_named_by_the_other_and_nothing_is_left_running(tmp_path):
+    # Rank 0 stops (SIGSTOP) before its third step: only its silence tells. Rank 1 must name it
+    # after the 3 s timeout, and the launcher must then end the stopped rank too.
+    cases = [{'name': 'stopped', 'model': 'mlp', 'steps': 4, 'stop_at_step': 2, 'comm_timeout_s': 3}]
+    cases_path = tmp_path / 'stopped-cases.json'
+    cases_path.write_text(json.dumps(cases))
+    start = time.monotonic()
+    result = launch(2, WORKER, cases_path, tmp_path, time_limit=120, check=False)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert 'rank 0 stopped answering' in result.stdout, result.stdout[-4000:]
+    assert elapsed < 60, f'took {elapsed:.0f} s; the timeout is 3 s'
+    left = subprocess.run(['pgrep', '-f', str(cases_path)], stdout=subprocess.PIPE, text=True, check=False)
+    assert left.stdout == '', f'still running: {left.stdout}'
