@@ -148,11 +148,6 @@ class RecvStateImpl final : public RecvState {
   OpDesc op_;
 };
 
-std::string what_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 }  // namespace
 
 C10dChannel::C10dChannel(ProcessGroupPtr up, ProcessGroupPtr down, int rank, int world_size,

@@ -10,18 +10,6 @@ namespace {
 // activations); the progress thread waits that long. Engine waits have their own deadline.
 constexpr auto kIdleWait = std::chrono::hours(24 * 365);
 
-std::string what_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const c10::Error& err) {
-    return err.what_without_backtrace();
-  } catch (const std::exception& err) {
-    return err.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 }  // namespace
 
 RecvStream::RecvStream(ProcessGroupPtr pg, int rank, int src, uint32_t code, TagFn tag,

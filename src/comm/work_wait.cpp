@@ -17,18 +17,6 @@ constexpr auto kExplainGrace = std::chrono::milliseconds(300);
 
 std::string prefix(const OpDesc& op) { return (*op.namer)(op.self) + ": " + op.action; }
 
-std::string what_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const c10::Error& err) {
-    return err.what_without_backtrace();
-  } catch (const std::exception& err) {
-    return err.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 bool is_timeout_text(const std::string& text) {
   return text.find("Timed out") != std::string::npos || text.find("timed out") != std::string::npos ||
          text.find("Timeout") != std::string::npos;
@@ -49,6 +37,23 @@ struct Completion {
 };
 
 }  // namespace
+
+std::string what_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& err) {
+    return err.what_without_backtrace();
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
 
 // What is known about the peer of a p2p operation, or about a member of a collective's group.
 static std::optional<Fault> peer_status(const FaultState& faults, const OpDesc& op) {

@@ -25,6 +25,10 @@ struct OpDesc {
   std::chrono::milliseconds timeout{0};
 };
 
+// An exception's message, without the C++ backtrace that a c10::Error carries.
+std::string what_of(const std::exception& e);
+std::string what_of(std::exception_ptr e);
+
 // Raises PeerError when a fault is already known (call before starting an operation).
 void check_no_fault(const FaultState& faults, const OpDesc& op);
 

@@ -3,6 +3,7 @@
 
 #include <optional>
 
+#include "differentiable.h"
 #include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/runtime/tensor_parallel.h"
@@ -27,9 +28,7 @@ class FlagScope {
   bool previous_;
 };
 
-bool differentiable(const torch::Tensor& t) {
-  return t.defined() && (t.is_floating_point() || t.is_complex());
-}
+using detail::differentiable;
 
 // What the node keeps besides the inputs: the function and the RNG state at forward.
 struct CheckpointState : torch::CustomClassHolder {

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "differentiable.h"
 #include "pipetrain/runtime/stream.h"
 
 namespace pipetrain::runtime {
@@ -22,7 +23,7 @@ c10::intrusive_ptr<StreamPair> pair_of(AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<StreamPair>(ctx->saved_data["streams"].toCapsule());
 }
 
-bool differentiable(const torch::Tensor& t) { return t.defined() && (t.is_floating_point() || t.is_complex()); }
+using detail::differentiable;
 
 // xs (produced on `from`) copied to `to`'s device on stream `to`.
 variable_list copy_tensors(const variable_list& xs, const c10::Stream& from, const c10::Stream& to) {

@@ -8,8 +8,6 @@
 namespace pipetrain::schedule::detail {
 namespace {
 
-constexpr double kNever = std::numeric_limits<double>::infinity();
-
 // A stage's queued weight work.
 struct WeightQueue {
   std::deque<Queued> items;

@@ -4,11 +4,15 @@
 #include <array>
 #include <cstddef>
 #include <deque>
+#include <limits>
 #include <vector>
 
 #include "pipetrain/schedule/schedule.h"
 
 namespace pipetrain::schedule::detail {
+
+// The time of an event that never comes.
+constexpr double kNever = std::numeric_limits<double>::infinity();
 
 struct ReplayCosts {
   std::vector<std::array<double, kNumOps>> op;  // per stage, per op: duration (sends: posting)

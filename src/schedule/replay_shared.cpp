@@ -24,7 +24,6 @@
 namespace pipetrain::schedule::detail {
 namespace {
 
-constexpr double kNever = std::numeric_limits<double>::infinity();
 constexpr size_t kNone = std::numeric_limits<size_t>::max();
 
 // What a stage is doing between two events.

@@ -79,8 +79,8 @@ class TwoHosts : public ::testing::Test {
 };
 
 TEST_F(TwoHosts, TrainAcrossTheLinkThenACutLinkIsACleanTimelyError) {
-  testing::ChildProcess rank0(rank_command(a_, 0), (dir_ / "rank0.log").string());
-  testing::ChildProcess rank1(rank_command(b_, 1), (dir_ / "rank1.log").string());
+  pipetrain::testing::ChildProcess rank0(rank_command(a_, 0), (dir_ / "rank0.log").string());
+  pipetrain::testing::ChildProcess rank1(rank_command(b_, 1), (dir_ / "rank1.log").string());
   // Training steps complete across the namespaces (rank 0 logs a line per step).
   ASSERT_TRUE(rank0.wait_for("loss", 5, 60s)) << rank0.output() << "\n---\n" << rank1.output();
   const auto cut = std::chrono::steady_clock::now();

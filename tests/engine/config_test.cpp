@@ -10,7 +10,7 @@
 namespace pipetrain {
 namespace {
 
-std::string error_of(const std::string& text) {
+std::string config_error_of(const std::string& text) {
   try {
     EngineConfig::from_json_text(text, "test.json");
   } catch (const ConfigError& e) {
@@ -50,32 +50,32 @@ TEST(EngineConfig, ReadsDeepSpeedKeys) {
 }
 
 TEST(EngineConfig, UnknownKeysAreNamed) {
-  const auto top = error_of(R"({"train_batch_size": 8, "train_batch_szie": 8})");
+  const auto top = config_error_of(R"({"train_batch_size": 8, "train_batch_szie": 8})");
   EXPECT_NE(top.find("\"train_batch_szie\""), std::string::npos) << top;
   EXPECT_NE(top.find("test.json"), std::string::npos) << top;
-  const auto nested = error_of(R"({"pipeline": {"activation_checkpoint_intervall": 1}})");
+  const auto nested = config_error_of(R"({"pipeline": {"activation_checkpoint_intervall": 1}})");
   EXPECT_NE(nested.find("\"pipeline.activation_checkpoint_intervall\""), std::string::npos) << nested;
   EXPECT_NE(nested.find("activation_checkpoint_interval"), std::string::npos) << nested;  // the known keys
-  const auto opt = error_of(R"({"optimizer": {"type": "SGD", "params": {"learning_rate": 1}}})");
+  const auto opt = config_error_of(R"({"optimizer": {"type": "SGD", "params": {"learning_rate": 1}}})");
   EXPECT_NE(opt.find("\"optimizer.params.learning_rate\""), std::string::npos) << opt;
 }
 
 TEST(EngineConfig, WrongTypesAndValuesAreNamed) {
-  EXPECT_NE(error_of(R"({"train_batch_size": "big"})").find("\"train_batch_size\" must be an integer"),
+  EXPECT_NE(config_error_of(R"({"train_batch_size": "big"})").find("\"train_batch_size\" must be an integer"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"optimizer": {"type": "Lion"}})").find("expected one of SGD"), std::string::npos);
-  EXPECT_NE(error_of(R"({"pipeline": {"partition_method": "magic"}})").find("type:REGEX"), std::string::npos);
-  EXPECT_NE(error_of(R"({"pipeline": {"partition_method": "balance"}})").find("pipeline.balance"),
+  EXPECT_NE(config_error_of(R"({"optimizer": {"type": "Lion"}})").find("expected one of SGD"), std::string::npos);
+  EXPECT_NE(config_error_of(R"({"pipeline": {"partition_method": "magic"}})").find("type:REGEX"), std::string::npos);
+  EXPECT_NE(config_error_of(R"({"pipeline": {"partition_method": "balance"}})").find("pipeline.balance"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"pipeline": {"balance": [2, 0]}})").find("pipeline.balance"), std::string::npos);
+  EXPECT_NE(config_error_of(R"({"pipeline": {"balance": [2, 0]}})").find("pipeline.balance"), std::string::npos);
   for (const char* bad : {"gpu", "cuda:", "cuda:one", "CPU"}) {
-    const auto e = error_of(std::string(R"({"pipeline": {"device": ")") + bad + "\"}}");
+    const auto e = config_error_of(std::string(R"({"pipeline": {"device": ")") + bad + "\"}}");
     EXPECT_NE(e.find("pipeline.device"), std::string::npos) << e;
     EXPECT_NE(e.find("expected auto, cpu, cuda or cuda:N"), std::string::npos) << e;
   }
-  EXPECT_NE(error_of(R"({"pipeline": {"bind_cores": "yes"}})").find("pipeline.bind_cores"), std::string::npos);
-  EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
-  EXPECT_NE(error_of("[1, 2]").find("must be a JSON object"), std::string::npos);
+  EXPECT_NE(config_error_of(R"({"pipeline": {"bind_cores": "yes"}})").find("pipeline.bind_cores"), std::string::npos);
+  EXPECT_NE(config_error_of("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(config_error_of("[1, 2]").find("must be a JSON object"), std::string::npos);
 }
 
 TEST(EngineConfig, BatchSizeRulesFollowDeepSpeed) {
@@ -134,9 +134,9 @@ TEST(EngineConfig, WarmupSchedules) {
   s.warmup_min_lr = 0.2;
   EXPECT_DOUBLE_EQ(s.lr_at(15, 0.1), 0.6);
   EXPECT_DOUBLE_EQ(s.lr_at(25, 0.1), 0.2);
-  EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})").find("warmup_type"),
+  EXPECT_NE(config_error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})").find("warmup_type"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})")
+  EXPECT_NE(config_error_of(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})")
                 .find("total_num_steps"),
             std::string::npos);
 }
@@ -150,7 +150,7 @@ TEST(EngineConfig, FuzzMutatedDocumentsGiveConfigErrorsOnly) {
     "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5, "total_num_steps": 50}},
     "pipeline": {"stages": 2, "schedule": "1f1b", "partition_method": "uniform", "comm_timeout_s": 30,
                  "activation_checkpoint_interval": 1, "deferred_linear": true, "gemm_kernel": "auto"}})";
-  ASSERT_EQ(error_of(good), "");
+  ASSERT_EQ(config_error_of(good), "");
   const std::string alphabet = "{}[]\",:0123456789.-eE truefalsnul\\x";
   std::mt19937 rng(2026);
   int parsed = 0, rejected = 0;

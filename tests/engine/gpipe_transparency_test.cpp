@@ -13,22 +13,22 @@ using testing::deep_copy;
 using testing::expect_close;
 using testing::grads;
 
-struct Case {
+struct TransparencyCase {
   int64_t chunks;
   std::vector<int64_t> balance;
   Checkpoint checkpoint;
 };
 
-std::string name_of(const Case& c) {
+std::string transparency_case_name(const TransparencyCase& c) {
   std::string out = "chunks" + std::to_string(c.chunks) + "_balance";
   for (auto b : c.balance) out += std::to_string(b);
   return out + "_" + to_string(c.checkpoint);
 }
 
-class Transparency : public ::testing::TestWithParam<Case> {};
+class Transparency : public ::testing::TestWithParam<TransparencyCase> {};
 
 TEST_P(Transparency, LossAndGradientsEqualThePlainModel) {
-  const Case& c = GetParam();
+  const TransparencyCase& c = GetParam();
   torch::manual_seed(0);
   auto model = testing::mlp6();
   auto plain = deep_copy(model);
@@ -44,11 +44,11 @@ TEST_P(Transparency, LossAndGradientsEqualThePlainModel) {
 
   EXPECT_TRUE(torch::allclose(loss, plain_loss, 1e-6, 1e-7))
       << loss.item<double>() << " vs " << plain_loss.item<double>();
-  expect_close(grads(*gpipe), grads(*plain), name_of(c));
+  expect_close(grads(*gpipe), grads(*plain), transparency_case_name(c));
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> out;
+std::vector<TransparencyCase> transparency_cases() {
+  std::vector<TransparencyCase> out;
   for (int64_t chunks : {1, 2, 4, 7}) {
     for (std::vector<int64_t> balance :
          {std::vector<int64_t>{3, 3}, {1, 5}, {2, 1, 3}, {1, 1, 1, 1, 1, 1}}) {
@@ -60,8 +60,8 @@ std::vector<Case> cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(GPipe, Transparency, ::testing::ValuesIn(cases()),
-                         [](const auto& info) { return name_of(info.param); });
+INSTANTIATE_TEST_SUITE_P(GPipe, Transparency, ::testing::ValuesIn(transparency_cases()),
+                         [](const auto& info) { return transparency_case_name(info.param); });
 
 TEST(GPipeTransparency, InputGradientEqualsThePlainModel) {
   torch::manual_seed(1);

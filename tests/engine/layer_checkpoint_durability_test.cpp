@@ -38,7 +38,7 @@ EngineConfig adam_config(int stages) {
   return c;
 }
 
-PipelineModule small_mlp() { return mlp(5, 8, 5, 3); }
+PipelineModule durability_mlp() { return mlp(5, 8, 5, 3); }
 
 // Where `event` first occurs at or after `from`; events.size() when it does not.
 size_t find_event(const std::vector<std::string>& events, const std::string& event, size_t from = 0) {
@@ -49,7 +49,7 @@ size_t find_event(const std::vector<std::string>& events, const std::string& eve
 TEST_F(CheckpointDurability, FilesAndDirectoriesAreSyncedBeforeTheRenameAndOldOutlivesTheSync) {
   const auto ckpt = (dir_ / "ckpt").string();
   const fs::path partial(ckpt + ".partial"), old(ckpt + ".old");
-  run_pipeline(2, adam_config(2), small_mlp, [&](PipelineEngine& engine) {
+  run_pipeline(2, adam_config(2), durability_mlp, [&](PipelineEngine& engine) {
     train_steps(engine, 1, 0);
     save_checkpoint(engine, ckpt);  // the previous checkpoint, which the next save replaces
   });
@@ -71,7 +71,7 @@ TEST_F(CheckpointDurability, FilesAndDirectoriesAreSyncedBeforeTheRenameAndOldOu
       step_found[phase] = checkpoint_step(ckpt);
     }
   });
-  run_pipeline(2, adam_config(2), small_mlp, [&](PipelineEngine& engine) {
+  run_pipeline(2, adam_config(2), durability_mlp, [&](PipelineEngine& engine) {
     load_checkpoint(engine, ckpt);
     train_steps(engine, 1, 1);
     save_checkpoint(engine, ckpt);
@@ -119,7 +119,7 @@ TEST_F(CheckpointDurability, AFullDiskIsACheckpointErrorNamingTheFileAndKeepsThe
   if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full to stand for a full disk";
   const auto ckpt = (dir_ / "ckpt").string();
   const fs::path partial(ckpt + ".partial");
-  run_pipeline(1, adam_config(1), small_mlp, [&](PipelineEngine& engine) {
+  run_pipeline(1, adam_config(1), durability_mlp, [&](PipelineEngine& engine) {
     train_steps(engine, 2, 0);
     save_checkpoint(engine, ckpt);
   });
@@ -129,7 +129,7 @@ TEST_F(CheckpointDurability, AFullDiskIsACheckpointErrorNamingTheFileAndKeepsThe
   // with ENOSPC, as a full file system does. The symlink is put in place once .partial exists.
   for (const std::string file : {"layer_00000.pt", "layer_00000-optim.pt", "rng_rank_00000.pt", "manifest.json"}) {
     SCOPED_TRACE(file);
-    run_pipeline(1, adam_config(1), small_mlp, [&](PipelineEngine& engine) {
+    run_pipeline(1, adam_config(1), durability_mlp, [&](PipelineEngine& engine) {
       load_checkpoint(engine, ckpt);
       train_steps(engine, 1, 2);
       set_checkpoint_fault_hook([&](const std::string& phase) {
@@ -157,7 +157,7 @@ TEST_F(CheckpointDurability, AFullDiskIsACheckpointErrorNamingTheFileAndKeepsThe
 TEST_F(CheckpointDurability, AFullDiskUnderTheLatestPointerKeepsThePreviousTag) {
   if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full to stand for a full disk";
   const auto dir = dir_.string();
-  run_pipeline(1, ckpt_config(1), small_mlp, [&](PipelineEngine& engine) {
+  run_pipeline(1, ckpt_config(1), durability_mlp, [&](PipelineEngine& engine) {
     train_steps(engine, 1, 0);
     EXPECT_EQ(save_tagged_checkpoint(engine, dir), "global_step1");
     train_steps(engine, 1, 1);

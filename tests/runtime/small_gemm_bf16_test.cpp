@@ -118,11 +118,11 @@ TEST_P(SmallGemmBf16Test, WeightGradSumsTheSquaresItLeaves) {
   EXPECT_THROW(native_weight_grad_bf16(dw.data_ptr<float>(), nullptr, 0, out, {}, false, &sq), BatchError);
 }
 
-const Shape kShapes[] = {Shape{32, 1024, 1024}, Shape{1, 1, 1},    Shape{7, 33, 17},  Shape{8, 32, 8},
+const Shape kBf16Shapes[] = {Shape{32, 1024, 1024}, Shape{1, 1, 1},    Shape{7, 33, 17},  Shape{8, 32, 8},
                          Shape{33, 64, 40},     Shape{70, 100, 31}, Shape{9, 16, 65}, Shape{0, 8, 8},
                          Shape{33, 40, 300},    Shape{13, 24, 13}};
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SmallGemmBf16Test, ::testing::ValuesIn(kShapes), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Shapes, SmallGemmBf16Test, ::testing::ValuesIn(kBf16Shapes), [](const auto& info) {
   return "m" + std::to_string(std::get<0>(info.param)) + "_in" + std::to_string(std::get<1>(info.param)) + "_out" +
          std::to_string(std::get<2>(info.param));
 });

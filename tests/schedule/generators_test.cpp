@@ -6,6 +6,7 @@
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/format.h"
 #include "pipetrain/schedule/generate.h"
+#include "schedule/make_schedule.h"
 #include "pipetrain/schedule/simulate.h"
 #include "pipetrain/schedule/validate.h"
 #include "schedule/timeline_text.h"
@@ -13,9 +14,7 @@
 namespace pipetrain::schedule {
 namespace {
 
-Schedule make(ScheduleKind kind, int P, int M, int V = 0) {
-  return generate(ScheduleOptions(kind, P, M).chunks(V));
-}
+using testing::make;
 
 TEST(FillDrain, AllForwardsThenBackwardsInReverse) {
   const Schedule s = make(ScheduleKind::fill_drain, 3, 4);

@@ -13,7 +13,7 @@
 namespace pipetrain::schedule {
 namespace {
 
-const std::vector<ScheduleKind> kKinds{ScheduleKind::fill_drain, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+const std::vector<ScheduleKind> kReplayKinds{ScheduleKind::fill_drain, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
                                        ScheduleKind::zb_h1,      ScheduleKind::zb_v,        ScheduleKind::dualpipe_v,
                                        ScheduleKind::v_half,     ScheduleKind::v_min};
 
@@ -41,7 +41,7 @@ double total_work(const SimulationResult& dedicated) {
 }
 
 TEST(SharedCores, ACoreForEveryStageGivesTheDedicatedTimings) {
-  for (ScheduleKind kind : kKinds) {
+  for (ScheduleKind kind : kReplayKinds) {
     for (auto [P, M] : {std::pair{2, 4}, {4, 8}, {3, 6}}) {
       for (bool fill : {false, true}) {
         SCOPED_TRACE(std::string(kind_name(kind)) + " P=" + std::to_string(P) + " M=" + std::to_string(M) +
@@ -80,7 +80,7 @@ TEST(SharedCores, ACoreForEveryStageGivesTheDedicatedTimings) {
 
 TEST(SharedCores, OneCoreRunsAllTheWorkBackToBack) {
   // Free transfers and sends: whenever one rank waits, another can run, so one core never idles.
-  for (ScheduleKind kind : kKinds) {
+  for (ScheduleKind kind : kReplayKinds) {
     for (bool fill : {false, true}) {
       SCOPED_TRACE(std::string(kind_name(kind)) + (fill ? " fill" : ""));
       const Schedule s = defer_weight_gradients(generate(ScheduleOptions(kind, 4, 8)));
@@ -95,7 +95,7 @@ TEST(SharedCores, OneCoreRunsAllTheWorkBackToBack) {
 }
 
 TEST(SharedCores, FewerCoresCostAtLeastTheirShareAndAtMostTheirRatio) {
-  for (ScheduleKind kind : kKinds) {
+  for (ScheduleKind kind : kReplayKinds) {
     for (double cores : {1.0, 1.5, 2.0, 3.0}) {
       SCOPED_TRACE(std::string(kind_name(kind)) + " cores " + std::to_string(cores));
       const Schedule s = defer_weight_gradients(generate(ScheduleOptions(kind, 4, 8)));

@@ -9,14 +9,13 @@
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/defer_weights.h"
 #include "pipetrain/schedule/generate.h"
+#include "schedule/make_schedule.h"
 #include "pipetrain/schedule/lower.h"
 
 namespace pipetrain::schedule {
 namespace {
 
-Schedule make(ScheduleKind kind, int P, int M, int V = 0) {
-  return generate(ScheduleOptions(kind, P, M).chunks(V));
-}
+using testing::make;
 
 double bubble(ScheduleKind kind, int P, int M, int V = 0, double F = 1, double B = 1, double W = 1,
               double C = 0) {

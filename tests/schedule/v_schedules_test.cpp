@@ -8,13 +8,14 @@
 #include "pipetrain/error.h"
 #include "pipetrain/schedule/format.h"
 #include "pipetrain/schedule/generate.h"
+#include "schedule/make_schedule.h"
 #include "pipetrain/schedule/simulate.h"
 #include "pipetrain/schedule/validate.h"
 
 namespace pipetrain::schedule {
 namespace {
 
-Schedule make(ScheduleKind kind, int P, int M) { return generate(ScheduleOptions(kind, P, M)); }
+using testing::make;
 
 int max_of(const std::vector<int>& v) { return *std::max_element(v.begin(), v.end()); }
 

@@ -16,7 +16,7 @@
 namespace pipetrain::data {
 namespace {
 
-constexpr const char* kFix =
+constexpr const char* kInstallFortunes =
     "install the text with `bash scripts/install-deps.sh` (Debian package fortunes) or point "
     "--data-dir / PIPETRAIN_FORTUNES_DIR at a directory of fortune files";
 
@@ -54,7 +54,7 @@ std::vector<std::string> read_fortunes(const std::string& dir_arg) {
     dir = env && *env ? env : kFortunesDir;
   }
   DIR* d = ::opendir(dir.c_str());
-  if (!d) throw DataError(fmt::format("cannot open the fortunes directory {}; {}", dir, kFix));
+  if (!d) throw DataError(fmt::format("cannot open the fortunes directory {}; {}", dir, kInstallFortunes));
   std::vector<std::string> names;
   while (const dirent* entry = ::readdir(d)) {
     const std::string name = entry->d_name;
@@ -88,7 +88,7 @@ std::vector<std::string> read_fortunes(const std::string& dir_arg) {
   }
   if (fortunes.empty())
     throw DataError(
-        fmt::format("no fortunes found in {} (looked for files without .dat/.u8); {}", dir, kFix));
+        fmt::format("no fortunes found in {} (looked for files without .dat/.u8); {}", dir, kInstallFortunes));
   return fortunes;
 }
 

@@ -13,13 +13,13 @@
 namespace pipetrain::data {
 namespace {
 
-constexpr const char* kFix =
+constexpr const char* kInstallFashionMnist =
     "install the data set with `bash scripts/install-deps.sh` (Debian package "
     "dataset-fashion-mnist) or point --data-dir / PIPETRAIN_FASHION_MNIST_DIR at a directory "
     "holding the four *-idx?-ubyte.gz files";
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw DataError(fmt::format("IDX file {}: {}; {}", path, what, kFix));
+  throw DataError(fmt::format("IDX file {}: {}; {}", path, what, kInstallFashionMnist));
 }
 
 }  // namespace
@@ -42,19 +42,19 @@ void check_fashion_mnist(const std::string& dir) {
     for (const auto& path : fashion_mnist_files(split, dir)) {
       struct stat st {};
       if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-        throw DataError(fmt::format("Fashion-MNIST file {} is missing; {}", path, kFix));
+        throw DataError(fmt::format("Fashion-MNIST file {} is missing; {}", path, kInstallFashionMnist));
     }
   }
 }
 
 ImageSet load_fashion_mnist(Split split, const std::string& dir) {
   const auto [image_path, label_path] = fashion_mnist_files(split, dir);
-  const IdxArray images = read_idx(image_path, kFix);
+  const IdxArray images = read_idx(image_path, kInstallFashionMnist);
   if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28)
     fail(image_path,
          fmt::format("expected images of shape [N, 28, 28] (magic 0x00000803), got [{}]",
                      fmt::join(images.dims, ", ")));
-  const IdxArray labels = read_idx(label_path, kFix);
+  const IdxArray labels = read_idx(label_path, kInstallFashionMnist);
   if (labels.dims.size() != 1)
     fail(label_path, fmt::format("expected labels of shape [N] (magic 0x00000801), got [{}]",
                                  fmt::join(labels.dims, ", ")));
