@@ -2,7 +2,9 @@
 # Builds pipetrain against LibTorch 2.x (Debian 13's libtorch-dev) and runs every test, inside a
 # Debian 13 chroot so the host keeps its own LibTorch 1.13. The chroot is cached between runs.
 #
-# Usage: scripts/test-libtorch2.sh [extra ctest arguments]
+# Usage: scripts/test-libtorch2.sh [--prepare | extra ctest arguments]
+#   --prepare  only makes (or updates) the chroot and its packages, builds and tests nothing:
+#              scripts/test.sh runs it while the LibTorch 1.13 suite builds and runs
 # Environment:
 #   PIPETRAIN_TRIXIE_ROOT   where the chroot lives (default /var/cache/pipetrain/trixie)
 #   PIPETRAIN_DEBIAN_MIRROR the Debian mirror debootstrap uses (default deb.debian.org)
@@ -15,6 +17,11 @@ MIRROR=${PIPETRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
+PREPARE_ONLY=0
+if [ "${1:-}" = --prepare ]; then
+  PREPARE_ONLY=1
+  shift
+fi
 
 # The packages of scripts/install-deps.sh, as Debian 13 names them.
 PACKAGES=(
@@ -68,6 +75,10 @@ if [ ! -f "$ROOT/.pipetrain-ready" ] || [ "$(cat "$ROOT/.pipetrain-ready")" != "
   $SUDO chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive bash -c \
     "apt-get update -q && apt-get install -y -q --no-install-recommends ${PACKAGES[*]}" >/dev/null
   echo "${PACKAGES[*]}" | $SUDO tee "$ROOT/.pipetrain-ready" >/dev/null
+fi
+if [ "$PREPARE_ONLY" = 1 ]; then
+  echo "pipetrain: the Debian 13 chroot in $ROOT is ready"
+  exit 0
 fi
 
 # The checkout appears at /src; build and ccache stay in the chroot (cached with it).

@@ -6,6 +6,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 start=$SECONDS
+LIBTORCH2=${PIPETRAIN_LIBTORCH2:-1}
+# The chroot is made (a download and an install: little CPU) while the first suite builds and runs.
+prepare_log=$(mktemp)
+prepare_pid=""
+if [ "$LIBTORCH2" != 0 ]; then
+  bash scripts/test-libtorch2.sh --prepare >"$prepare_log" 2>&1 &
+  prepare_pid=$!
+fi
+# Whatever ends this script, the chroot's setup is not left running (nor its mounts).
+finish_prepare() {
+  local rc=0
+  if [ -n "$prepare_pid" ]; then
+    wait "$prepare_pid" || rc=$?
+    prepare_pid=""
+    cat "$prepare_log"
+    echo "pipetrain: the Debian 13 chroot's setup ended with status $rc after $((SECONDS - start)) s"
+  fi
+  rm -f "$prepare_log"
+  return $rc
+}
+trap 'finish_prepare || true' EXIT
+
 # The Python package is required here: a machine without it fails instead of skipping its tests.
 bash scripts/build.sh -DPIPETRAIN_PYTHON=ON
 BUILD_DIR=${PIPETRAIN_BUILD_DIR:-build}
@@ -18,6 +40,9 @@ if ! ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"; then
   ctest --test-dir "$BUILD_DIR" --rerun-failed --output-on-failure || true
   exit 1
 fi
-if [ "${PIPETRAIN_LIBTORCH2:-1}" != 0 ]; then
+echo "pipetrain: the LibTorch 1.13 suite passed after $((SECONDS - start)) s"
+if [ "$LIBTORCH2" != 0 ]; then
+  finish_prepare
   bash scripts/test-libtorch2.sh "$@"
+  echo "pipetrain: both suites passed after $((SECONDS - start)) s"
 fi

@@ -27,10 +27,10 @@ stub findmnt 'printf "/\n/proc\n"; cat "'"$MOUNTS"'"'
 stub chroot 'exit 0'
 stub sudo 'exec "$@"'
 
-run() {  # run: the script with the stubs first on PATH; its exit status
+run() {  # run [ARGS...]: the script with the stubs first on PATH; its exit status
   : >"$LOG"
   local rc=0
-  PATH="$STUBS:$PATH" PIPETRAIN_TRIXIE_ROOT="$ROOT" bash "$SCRIPT" >"$WORK/out" 2>&1 || rc=$?
+  PATH="$STUBS:$PATH" PIPETRAIN_TRIXIE_ROOT="$ROOT" bash "$SCRIPT" "$@" >"$WORK/out" 2>&1 || rc=$?
   return $rc
 }
 fail() {
@@ -76,4 +76,20 @@ grep -q "^umount -l $ROOT/proc" "$LOG" || fail "mounts left behind: $ROOT/proc n
 if grep -q "^umount -l ${ROOT}2\$" "$LOG"; then fail "mounts left behind: unmounted ${ROOT}2, which is not under the root"; fi
 [ "$(calls debootstrap)" = 1 ] || fail "mounts left behind: debootstrap did not run"
 echo "ok: mounts left behind"
+
+# 5. --prepare (scripts/test.sh runs it beside the first suite) on a brand-new machine: the
+#    chroot and its packages, no build or test, no mounts left; the run after it only tests.
+rm -rf "$ROOT"
+: >"$MOUNTS"
+run --prepare || fail "prepare: exit status $?"
+[ "$(calls debootstrap)" = 1 ] || fail "prepare: debootstrap ran $(calls debootstrap) times, expected 1"
+grep -q "^chroot $ROOT .*apt-get install .*libtorch-dev" "$LOG" || fail "prepare: no package install"
+if grep -q "ctest" "$LOG"; then fail "prepare: the suite ran"; fi
+[ -f "$ROOT/.pipetrain-ready" ] || fail "prepare: the chroot was not marked ready"
+[ "$(leftover_mounts)" = 0 ] || fail "prepare: mounts left after exit: $(cat "$MOUNTS")"
+run || fail "after prepare: exit status $?"
+[ "$(calls debootstrap)" = 0 ] || fail "after prepare: debootstrap ran again"
+if grep -q "apt-get install" "$LOG"; then fail "after prepare: packages installed again"; fi
+grep -q "ctest --test-dir /build" "$LOG" || fail "after prepare: the suite did not run"
+echo "ok: prepare, then test"
 echo "all libtorch2 setup cases passed"
