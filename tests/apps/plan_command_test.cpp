@@ -130,7 +130,9 @@ TEST(PlanCommand, PlanThenBenchThePlan) {
   int64_t layers = 0;
   for (const auto& b : plan["balance"]) layers += b.get<int64_t>();
   EXPECT_EQ(layers, 32);
-  EXPECT_LT(plan["search_s"].get<double>(), 10.0);
+  // A bound on a runaway search, not a speed claim: profiling and search took 3-5 s on one machine
+  // and 9-11.5 s on a slower one of the same kind (2026-12-07).
+  EXPECT_LT(plan["search_s"].get<double>(), 30.0);
   // The profile's thread, bound beside its helper where they fill the CPUs, is let go after.
   cpu_set_t mine;
   CPU_ZERO(&mine);
