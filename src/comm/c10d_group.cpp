@@ -70,6 +70,7 @@ OpDesc C10dGroup::describe(const std::string& what, const std::string& detail) c
   op.action = what + " (" + detail + ") over " + describe_group(*this);
   op.timeout = options_.timeout();
   op.members = spec_.ranks;
+  op.device_side = options_.backend() == Backend::Nccl;
   return op;
 }
 

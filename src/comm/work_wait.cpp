@@ -1,7 +1,10 @@
 // Waiting on c10d work items with deadlines and fault interruption.
 #include "work_wait.h"
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -136,8 +139,56 @@ void wait_p2p(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point dead
   if (!completed) throw_fault(faults, op);  // only an abort returns false
 }
 
+namespace {
+
+void abort_work(const c10::intrusive_ptr<c10d::Work>& work) {
+  try {
+    work->abort();
+  } catch (...) {  // a backend without abort: the error thrown next says what happened
+  }
+}
+
+void wait_device_side(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point deadline, FaultState& faults,
+                      const OpDesc& op) {
+  check_no_fault(faults, op);
+  auto poked = std::make_shared<std::atomic<bool>>(false);
+  auto guard = faults.on_fault([poked] { *poked = true; });
+  // Short pauses first: most collectives end within microseconds of being polled.
+  auto pause = std::chrono::microseconds(20);
+  while (true) {
+    bool done = false;
+    try {
+      done = work->isCompleted();
+    } catch (...) {
+      throw_failure(faults, op, what_of(std::current_exception()));
+    }
+    if (done) break;
+    if (*poked) {
+      abort_work(work);
+      throw_fault(faults, op);
+    }
+    if (Clock::now() >= deadline) {
+      abort_work(work);
+      throw_timeout(faults, op);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+  try {
+    work->wait();  // complete: rethrows the error the backend recorded, if any
+  } catch (...) {
+    throw_failure(faults, op, what_of(std::current_exception()));
+  }
+}
+
+}  // namespace
+
 void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point deadline,
                      FaultState& faults, const OpDesc& op) {
+  if (op.device_side) {
+    wait_device_side(work, deadline, faults, op);
+    return;
+  }
   auto completion = std::make_shared<Completion>();
   work->getFuture()->addCallback([completion](c10::ivalue::Future&) { completion->set(completion->done); });
   auto guard = faults.on_fault([completion] { completion->set(completion->poked); });

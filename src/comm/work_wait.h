@@ -23,6 +23,9 @@ struct OpDesc {
   int peer = -1;       // the rank the operation waits on, -1 for collectives
   std::vector<int> members;  // collectives: the group's ranks
   std::chrono::milliseconds timeout{0};
+  // The work runs on a device stream (NCCL): its future completes when it is queued and wait()
+  // only orders streams, so wait_collective polls isCompleted() instead.
+  bool device_side = false;
 };
 
 // An exception's message, without the C++ backtrace that a c10::Error carries.
@@ -36,7 +39,9 @@ void check_no_fault(const FaultState& faults, const OpDesc& op);
 void wait_p2p(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point deadline,
               FaultState& faults, const OpDesc& op);
 
-// Waits for a collective work through its future.
+// Waits for a collective work: through its future, or for device-side work by polling
+// isCompleted() until the deadline or a fault, after which the work is aborted (NCCL's abort
+// ends its communicators' kernels, so that nothing waits on them for ever).
 void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point deadline,
                      FaultState& faults, const OpDesc& op);
 

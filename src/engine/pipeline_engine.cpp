@@ -3,6 +3,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/version.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -220,7 +221,11 @@ std::shared_ptr<comm::Communicator> PipelineEngine::connect_from_env(const Engin
   options.timeout(std::chrono::milliseconds(static_cast<int64_t>(config.pipeline.comm_timeout_s * 1000)));
   // Received activations land on the stage's device; collectives of CUDA tensors run over NCCL
   // where this LibTorch has it (Gloo moves host memory).
-  const torch::Device device = runtime::resolve_device(config.pipeline.device, info.local_rank);
+  const torch::Device device =
+      runtime::resolve_device(config.pipeline.device, info.local_rank, -1, info.local_world_size);
+  // The process's kernels and its CUDA context go to its own device, not to cuda:0 (each
+  // worker thread still sets it for itself: the current device is per thread).
+  if (!device.is_cpu()) c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
   options.device(device);
   const int64_t gpus = device.is_cuda() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
   options.backend(comm::collective_backend(device.is_cuda(), info.local_world_size, gpus));

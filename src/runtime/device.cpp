@@ -1,6 +1,7 @@
 // The device shim: no-ops on CPU.
 #include "pipetrain/runtime/device.h"
 
+#include <fmt/format.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -42,7 +43,8 @@ std::vector<torch::Device> default_devices(int64_t partitions) {
   return devices;
 }
 
-torch::Device resolve_device(const std::string& setting, int local_rank, int64_t cuda_devices) {
+torch::Device resolve_device(const std::string& setting, int local_rank, int64_t cuda_devices,
+                             int local_world_size) {
   if (cuda_devices < 0) cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
   const auto local_cuda = [&] {
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(std::max(local_rank, 0) % cuda_devices));
@@ -64,6 +66,12 @@ torch::Device resolve_device(const std::string& setting, int local_rank, int64_t
       throw ConfigError("device \"" + setting + "\": expected cuda:N with N a device index, e.g. cuda:0");
     }
     const int64_t n = std::stoll(index);
+    if (local_world_size > 1) {
+      throw ConfigError(fmt::format(
+          "device \"{}\" would put all {} processes of this host on one GPU; use \"cuda\" (rank r takes "
+          "cuda:(r mod {})), or give each process its own setting",
+          setting, local_world_size, cuda_devices));
+    }
     if (n >= cuda_devices) {
       throw DeviceError("device \"" + setting + "\" does not exist: " + std::to_string(cuda_devices) +
                         " CUDA device(s) are visible (cuda:0 to cuda:" + std::to_string(cuda_devices - 1) + ")");

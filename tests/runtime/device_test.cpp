@@ -32,6 +32,15 @@ TEST(ResolveDevice, BadSettingsNameTheFix) {
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("cuda:0 to cuda:3"), std::string::npos) << e.what();
   }
+  // One cuda:N for every process of a host would stack them all on one GPU.
+  try {
+    resolve_device("cuda:1", 0, 4, 4);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("all 4 processes of this host on one GPU; use \"cuda\""), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(resolve_device("cuda", 3, 4, 4), torch::Device(torch::kCUDA, 3));
   EXPECT_THROW(resolve_device("cuda:x", 0, 4), ConfigError);
   EXPECT_THROW(resolve_device("cuda:", 0, 4), ConfigError);
   EXPECT_THROW(resolve_device("gpu", 0, 4), ConfigError);

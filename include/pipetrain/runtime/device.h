@@ -38,8 +38,11 @@ std::vector<torch::Device> default_devices(int64_t partitions);
 //   "cuda"    cuda:<local_rank % CUDA devices>
 //   "cuda:N"  that device
 // DeviceError when CUDA is asked for and absent, or N is not a device; ConfigError for any
-// other text. `cuda_devices` < 0 asks LibTorch how many there are.
-torch::Device resolve_device(const std::string& setting, int local_rank, int64_t cuda_devices = -1);
+// other text, and for "cuda:N" shared by the `local_world_size` > 1 processes of a host (every
+// rank would land on one GPU: "cuda" gives each its own). `cuda_devices` < 0 asks LibTorch how
+// many there are.
+torch::Device resolve_device(const std::string& setting, int local_rank, int64_t cuda_devices = -1,
+                             int local_world_size = 1);
 
 // Peak bytes the caching allocator has held on `device` since the process started; nullopt
 // where there are no such statistics (the CPU, or a LibTorch built without CUDA).
