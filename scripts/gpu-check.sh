@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with CUDA GPUs and a CUDA LibTorch (a pip PyTorch 2.x), build
 # pipetrain against that LibTorch and run what only a GPU can show:
-#   - tests that skip without CUDA (GPipe across GPUs with copy streams, the engine on cuda
-#     against one CPU process, allocator statistics) and the stream/copy tests;
+#   - that the CUDA and NCCL parts were built (it stops otherwise);
+#   - tests that skip without CUDA (GPipe across GPUs with copy streams, dropout masks drawn on
+#     the GPU and recomputed alike, the engine on cuda against one CPU process, allocator
+#     statistics) and the stream/copy, device-generator and device-side wait tests;
 #   - a 2-process training run of the mlp example on cuda:LOCAL_RANK (NCCL collectives where
 #     each rank has a GPU of its own, else Gloo), whose summary gives the device and each
 #     rank's peak GPU memory.
@@ -50,14 +52,24 @@ command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 set -e
 cmake -S . -B "$BUILD_DIR" "${GENERATOR[@]}" "${ARGS[@]}" -DCMAKE_PREFIX_PATH="$PREFIX" \
   -DCMAKE_CXX_FLAGS="$CXXFLAGS_EXTRA" 2>&1 | tee "$LOG_DIR/configure.log"
+# A check that silently built the CPU-only parts would prove nothing.
+if ! grep -q "pipetrain: CUDA parts on" "$LOG_DIR/configure.log"; then
+  echo "gpu-check: the CUDA parts are off: this LibTorch has no libc10_cuda; use a CUDA build of PyTorch" >&2
+  exit 1
+fi
+if ! grep -q "pipetrain: NCCL process groups on" "$LOG_DIR/configure.log"; then
+  echo "gpu-check: NCCL process groups are off: nccl.h was not found; install nvidia-nccl or set PIPETRAIN_NCCL_HINT" >&2
+  exit 1
+fi
 # The build's own status decides; the grep only shows what went wrong (under pipefail a grep
 # that finds nothing, a clean build, would otherwise end the script here).
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target pipetrain_cli test_runtime test_engine test_comm \
   >"$LOG_DIR/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG_DIR/build.log" | head -n 60; exit 1; }
 set +e
 status=0
-"$BUILD_DIR/tests/test_runtime" --gtest_filter='Stream*:ResolveDevice*:CopyTo*:DeviceMemory*' 2>&1 | tail -n 25 || status=1
-"$BUILD_DIR/tests/test_comm" --gtest_filter='CollectiveBackend*' 2>&1 | tail -n 5 || status=1
+"$BUILD_DIR/tests/test_runtime" --gtest_filter='Stream*:ResolveDevice*:CopyTo*:DeviceMemory*:TaskGenerator*' 2>&1 |
+  tail -n 25 || status=1
+"$BUILD_DIR/tests/test_comm" --gtest_filter='CollectiveBackend*:DeviceSideWait*' 2>&1 | tail -n 8 || status=1
 "$BUILD_DIR/tests/test_engine" --gtest_filter='Cuda*:EngineApi.DeviceSettingPlacesTheStage' 2>&1 |
   tee "$LOG_DIR/test_engine.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED|     OK) |Failure|^\[==" | head -n 60 || status=1
 # GPipe's own suite places partitions on the default devices, which are the CPU there: run it

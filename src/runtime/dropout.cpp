@@ -21,7 +21,8 @@ torch::Tensor DropoutImpl::forward(torch::Tensor input) {
   const double p = options.p();
   if (!is_training() || p == 0.0) return input;
   if (p == 1.0) return options.inplace() ? input.zero_() : input * 0;
-  torch::Tensor mask = torch::empty_like(input).bernoulli_(1.0 - p, current_generator());
+  // A CPU generator cannot fill a CUDA tensor: the mask comes from a generator of the input's device.
+  torch::Tensor mask = torch::empty_like(input).bernoulli_(1.0 - p, current_generator(input.device()));
   mask.div_(1.0 - p);
   return options.inplace() ? input.mul_(mask) : input * mask;
 }

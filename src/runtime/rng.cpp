@@ -109,6 +109,13 @@ SeededScope::~SeededScope() {
 
 at::Generator make_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
+at::Generator make_generator(uint64_t seed, const c10::Device& device) {
+  if (device.is_cpu()) return make_generator(seed);
+  at::Generator gen = clone_generator(at::globalContext().defaultGenerator(device));
+  gen.set_current_seed(seed);  // CUDA: also starts its Philox offset at 0
+  return gen;
+}
+
 torch::Tensor generator_state(const at::Generator& generator) {
   at::Generator gen = generator;  // shares the impl; the mutex is the generator's own
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -130,6 +137,17 @@ at::Generator generator_with_state(const torch::Tensor& state) {
 at::Generator current_generator() {
   if (task_generator_.defined()) return task_generator_;
   return at::detail::getDefaultCPUGenerator();
+}
+
+at::Generator current_generator(const c10::Device& device) {
+  at::Generator source = current_generator();
+  if (device.is_cpu()) return source;
+  uint64_t seed = 0;
+  {
+    std::lock_guard<std::mutex> lock(source.mutex());
+    seed = at::check_generator<at::CPUGeneratorImpl>(source)->random64();
+  }
+  return make_generator(seed, device);
 }
 
 bool has_task_generator() { return task_generator_.defined(); }

@@ -49,6 +49,34 @@ TEST_F(Cuda, GPipeOnGpusEqualsTheCpuModel) {
   EXPECT_GT(*peak, 0);
 }
 
+// GPipe converts nn::Dropout to runtime::Dropout, whose mask a CPU generator cannot draw on a
+// GPU: it comes from a CUDA generator the task stream seeds, so recomputation under checkpointing
+// draws the same masks and the gradients equal those of the run that kept its activations.
+TEST_F(Cuda, GPipeDropoutOnTheGpuRecomputesTheSameMasks) {
+  const std::vector<torch::Device> devices{torch::Device(torch::kCUDA, 0), torch::Device(torch::kCUDA, 0)};
+  auto run = [&](Checkpoint mode) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Dropout(0.5),
+                                torch::nn::Linear(64, 64), torch::nn::Dropout(0.5), torch::nn::Linear(64, 4));
+    GPipe gpipe(model, GPipeOptions({3, 3}).chunks(4).devices(devices).checkpoint(mode));
+    torch::manual_seed(7);
+    const auto x = torch::randn({32, 16}).to(devices[0]);
+    const auto y = torch::randn({32, 4}).to(devices[1]);
+    const auto loss = torch::mse_loss(gpipe->forward(x), y);
+    loss.backward();
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : gpipe->parameters()) grads.push_back(p.grad().cpu());
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto kept = run(Checkpoint::Never);
+  const auto recomputed = run(Checkpoint::Always);
+  EXPECT_NEAR(kept.first, recomputed.first, 1e-6 * std::abs(kept.first));
+  ASSERT_EQ(kept.second.size(), recomputed.second.size());
+  for (size_t k = 0; k < kept.second.size(); ++k) {
+    EXPECT_TRUE(torch::allclose(kept.second[k], recomputed.second[k], 1e-5, 1e-6)) << k;
+  }
+}
+
 TEST_F(Cuda, EngineOnTheGpuMatchesOneCpuProcess) {
   OracleCase c;
   c.module = [] { return mlp(6, 16, 3, 4); };

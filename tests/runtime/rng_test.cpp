@@ -80,6 +80,37 @@ TEST(TaskGenerator, CloneRepeatsTheDraws) {
   EXPECT_TRUE(torch::equal(a, b));
 }
 
+TEST(TaskGenerator, OnTheCpuADevicesGeneratorIsTheTaskStreamItself) {
+  at::Generator task = make_generator(11);
+  TaskGeneratorScope scope(task);
+  EXPECT_EQ(current_generator(torch::kCPU).unsafeGetGeneratorImpl(), task.unsafeGetGeneratorImpl());
+  const auto a = torch::empty({64}).bernoulli_(0.5, make_generator(5, torch::kCPU));
+  const auto b = torch::empty({64}).bernoulli_(0.5, make_generator(5));
+  EXPECT_TRUE(torch::equal(a, b));
+}
+
+// CUDA machines only (scripts/gpu-check.sh): a CUDA mask comes from a generator seeded by the
+// task stream, so a restored stream repeats it and the stream moves on by one draw.
+TEST(TaskGenerator, OnAGpuTheTaskStreamSeedsAGeneratorOfTheDevice) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here";
+  const torch::Device cuda(torch::kCUDA, 0);
+  at::Generator task = make_generator(11);
+  const at::Generator saved = clone_generator(task);
+  torch::Tensor first, again, next;
+  {
+    TaskGeneratorScope scope(task);
+    first = torch::empty({4096}, torch::TensorOptions().device(cuda)).bernoulli_(0.5, current_generator(cuda));
+    next = torch::empty({4096}, torch::TensorOptions().device(cuda)).bernoulli_(0.5, current_generator(cuda));
+  }
+  {
+    TaskGeneratorScope scope(clone_generator(saved));
+    again = torch::empty({4096}, torch::TensorOptions().device(cuda)).bernoulli_(0.5, current_generator(cuda));
+  }
+  EXPECT_TRUE(torch::equal(first, again));
+  EXPECT_FALSE(torch::equal(first, next));
+  EXPECT_GT(first.sum().item<double>(), 1000);
+}
+
 TEST(TaskGenerator, SeedsDifferPerTask) {
   EXPECT_NE(task_seed(1, 0, 1), task_seed(1, 1, 0));
   EXPECT_NE(task_seed(1, 0, 0), task_seed(2, 0, 0));

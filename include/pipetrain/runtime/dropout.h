@@ -7,7 +7,8 @@
 namespace pipetrain::runtime {
 
 // Same behaviour and options as torch::nn::Dropout (inverted dropout: kept values are scaled
-// by 1/(1-p) in training, identity in eval), but the mask comes from `current_generator()`.
+// by 1/(1-p) in training, identity in eval), but the mask comes from
+// `current_generator(input.device())`: the task stream on the CPU, a generator it seeds elsewhere.
 class DropoutImpl : public torch::nn::Cloneable<DropoutImpl> {
  public:
   explicit DropoutImpl(const torch::nn::DropoutOptions& options = {});

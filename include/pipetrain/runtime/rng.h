@@ -73,9 +73,17 @@ class SeededScope {
 
 // A fresh CPU generator seeded with `seed`.
 at::Generator make_generator(uint64_t seed);
+// A fresh generator of `device`'s kind (CUDA: its Philox engine) seeded with `seed`, made through
+// LibTorch's device-generic interface (a copy of the device's default generator, reseeded).
+at::Generator make_generator(uint64_t seed, const c10::Device& device);
 
 // The thread's task generator when one is installed, else the default CPU generator.
 at::Generator current_generator();
+// What a random op on `device` draws from: current_generator() on the CPU; on another device a
+// fresh generator of it, seeded from current_generator()'s stream. So a recomputation that
+// restores the CPU stream draws the same device masks, and concurrent partitions never share a
+// device generator's state (CUDA's default one is process-wide).
+at::Generator current_generator(const c10::Device& device);
 // Whether a task generator is installed on this thread.
 bool has_task_generator();
 
