@@ -89,7 +89,9 @@ GridRun run_grid(int ranks, const EngineConfig& config, int steps, int64_t first
   out.replicated.resize(static_cast<size_t>(ranks));
   std::mutex mutex;
   run_pipeline(ranks, config, [dropout] { return tp_model(3, dropout); }, [&](PipelineEngine& engine) {
-    if (!load.empty()) EXPECT_EQ(load_checkpoint(engine, load), first);
+    if (!load.empty()) {
+      EXPECT_EQ(load_checkpoint(engine, load), first);
+    }
     std::vector<double> losses;
     int64_t pulled = 0;
     for (int64_t s = first; s < first + steps; ++s) {
@@ -155,7 +157,9 @@ TEST_F(TensorParallelEngine, EveryGridTrainsTheOneProcessModel) {
     // Only the first rank of each tensor-parallel group reads micro-batches (the others get
     // them by broadcast); ranks are (stage, replica, tensor) with tensor innermost.
     for (int r = 0; r < ranks; ++r) {
-      if (r % g.tensor != 0) EXPECT_EQ(run.bytes_read[static_cast<size_t>(r)], 0) << "rank " << r;
+      if (r % g.tensor != 0) {
+        EXPECT_EQ(run.bytes_read[static_cast<size_t>(r)], 0) << "rank " << r;
+      }
     }
     EXPECT_GT(run.bytes_read[0], 0);
     fs::remove_all(dir);

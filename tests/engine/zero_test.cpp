@@ -99,7 +99,9 @@ ZeroRun run(int ranks, const EngineConfig& config, int steps, int64_t first = 0,
   out.state_bytes.assign(static_cast<size_t>(ranks), 0);
   std::mutex mutex;
   run_pipeline(ranks, config, [] { return mlp(5, 12, 5, 4); }, [&](PipelineEngine& engine) {
-    if (!load.empty()) EXPECT_EQ(load_checkpoint(engine, load), first);
+    if (!load.empty()) {
+      EXPECT_EQ(load_checkpoint(engine, load), first);
+    }
     std::vector<double> losses = train_global(engine, save.empty() ? steps : save_after, first);
     if (!save.empty()) {
       save_checkpoint(engine, save);

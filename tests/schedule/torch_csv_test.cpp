@@ -22,7 +22,9 @@ void expect_same_schedule(const Schedule& a, const Schedule& b) {
   EXPECT_EQ(a.layout.num_stages(), b.layout.num_stages());
   EXPECT_EQ(a.layout.num_chunks(), b.layout.num_chunks());
   // With one stage both layouts place the chunks alike; the file cannot tell them apart.
-  if (a.num_stages() > 1) EXPECT_EQ(a.layout.kind(), b.layout.kind());
+  if (a.num_stages() > 1) {
+    EXPECT_EQ(a.layout.kind(), b.layout.kind());
+  }
   EXPECT_EQ(a.num_micro_batches, b.num_micro_batches);
   EXPECT_EQ(a.training, b.training);
   EXPECT_EQ(a.buffers, b.buffers);
