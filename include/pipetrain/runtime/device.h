@@ -47,5 +47,11 @@ torch::Device resolve_device(const std::string& setting, int local_rank, int64_t
 // Peak bytes the caching allocator has held on `device` since the process started; nullopt
 // where there are no such statistics (the CPU, or a LibTorch built without CUDA).
 std::optional<int64_t> peak_device_memory_bytes(torch::Device device);
+// Starts that peak over from what is held now (nothing on the CPU).
+void reset_peak_device_memory(torch::Device device);
+
+// Waits until the work queued on `device` is done (nothing on the CPU, whose ops are done when
+// they return): host timings of GPU work are only right after it.
+void synchronize_device(torch::Device device);
 
 }  // namespace pipetrain::runtime

@@ -13,4 +13,6 @@ int64_t cuda_peak_allocated_bytes(c10::DeviceIndex index) {
   return stats.allocated_bytes[kAggregate].peak;
 }
 
+void cuda_reset_peak(c10::DeviceIndex index) { c10::cuda::CUDACachingAllocator::resetPeakStats(index); }
+
 }  // namespace pipetrain::runtime::detail
