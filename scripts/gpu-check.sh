@@ -7,12 +7,15 @@
 #     statistics) and the stream/copy, device-generator and device-side wait tests;
 #   - a 2-process training run of the mlp example on cuda:LOCAL_RANK (NCCL collectives where
 #     each rank has a GPU of its own, else Gloo), whose summary gives the device and each
-#     rank's peak GPU memory.
+#     rank's peak GPU memory;
+#   - bench/device_bench on cuda:0: 8 x (Linear(4096, 4096) + GELU), 2048 rows, fp32 and bf16,
+#     the plain model against GPipe {4 pairs, 4 pairs} at chunks 1, 4 and 8, checkpoint never
+#     and except_last: ms/step, ratio to the plain model, peak memory, in $LOG_DIR/device_bench.json
+#     (the target: chunks 4, never, at least 0.95x the plain model).
 # Needs: cmake, a C++17 compiler, and the development headers/libraries of nlohmann-json, fmt,
 # CLI11, zlib, GoogleTest and RapidCheck (scripts/install-deps.sh names the Debian packages).
 # A machine without them (a bare CUDA image) can be given Debian's packages unpacked into
-# DEPS (default .gpudeps): `apt-get download nlohmann-json3-dev libfmt-dev libcli11-dev
-# libgtest-dev libgmock-dev librapidcheck-dev zlib1g-dev libgloo-dev` and `dpkg -x` each.
+# DEPS (default .gpudeps) by scripts/gpu-deps.sh, run where Debian's mirror is reachable.
 # Usage: scripts/gpu-check.sh [build dir, default build-gpu]; logs also go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 for cuda in /usr/local/cuda /usr/local/cuda-*; do
   [[ -x $cuda/bin/nvcc ]] && { export CUDA_HOME=$cuda PATH=$cuda/bin:$PATH; break; }
 done
-ARGS=(-DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_BUILD_BENCH=OFF)
+ARGS=(-DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_BUILD_BENCH=ON)
 # Where nccl.h is: a pip torch takes it from the nvidia-nccl wheel.
 NCCL=$("$PY" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null)
 [[ -n $NCCL ]] && ARGS+=(-DPIPETRAIN_NCCL_HINT="$NCCL")
@@ -63,7 +66,7 @@ if ! grep -q "pipetrain: NCCL process groups on" "$LOG_DIR/configure.log"; then
 fi
 # The build's own status decides; the grep only shows what went wrong (under pipefail a grep
 # that finds nothing, a clean build, would otherwise end the script here).
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target pipetrain_cli test_runtime test_engine test_comm \
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target pipetrain_cli test_runtime test_engine test_comm device_bench \
   >"$LOG_DIR/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG_DIR/build.log" | head -n 60; exit 1; }
 set +e
 status=0
@@ -86,4 +89,6 @@ s = json.load(open(sys.argv[1]))
 print({k: s[k] for k in s if any(w in k for w in ("device", "memory", "loss", "backend", "samples"))})
 PYEOF
 cp "$RUN_DIR/summary.json" "$LOG_DIR/" 2>/dev/null
+"$BUILD_DIR/bench/device_bench" --device cuda:0 --out "$LOG_DIR/device_bench.json" 2>&1 |
+  tee "$LOG_DIR/device_bench.log" | grep -v '^{' || status=1
 exit $status
