@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "pipetrain/error.h"
+#include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/layer_profile.h"
 #include "profile_sandbox.h"
 
@@ -138,6 +139,10 @@ std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& 
   detail::DefaultGeneratorGuard rng;
   const auto start = Clock::now();
   int64_t counted = 0;
+  // On a GPU a layer's kernels are only queued when its call returns: the device is synchronised
+  // around each timing (nothing to wait for on the CPU).
+  const torch::Device device =
+      sample.tensors().empty() ? torch::Device(torch::kCPU) : sample.tensors().front().device();
   for (int64_t pass = 0;; ++pass) {
     skip::SkipTracker skips;  // skippable layers stash and pop as in a forward of the model
     skip::TrackerScope scope(skips);
@@ -146,9 +151,11 @@ std::vector<double> time_costs(const torch::nn::Sequential& model, const Batch& 
       detail::LayerSandbox sandbox(layers[i]);
       const Batch input = runtime::detached_input(x);
       detach_stashed(skips);
+      runtime::synchronize_device(device);
       const auto t0 = Clock::now();
       Batch y = call_layer(sandbox.layer(), input, static_cast<int64_t>(i));
       runtime::backward_ones(y);
+      runtime::synchronize_device(device);
       if (pass > 0) total[i] += seconds_since(t0);
       x = y;
     }

@@ -9,6 +9,7 @@
 
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/allocation_counter.h"
+#include "pipetrain/runtime/device.h"
 
 namespace pipetrain::runtime {
 namespace {
@@ -16,6 +17,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The device the profiled work runs on: the sample's (the CPU for a sample without tensors).
+torch::Device device_of(const Batch& sample) {
+  return sample.tensors().empty() ? torch::Device(torch::kCPU) : sample.tensors().front().device();
+}
+
+// Seconds `work` takes on `device`: on a GPU its kernels are queued when the call returns, so the
+// device is synchronised before and after (nothing to wait for on the CPU).
+template <typename F>
+double timed_on(torch::Device device, F&& work) {
+  synchronize_device(device);
+  const auto t0 = Clock::now();
+  work();
+  synchronize_device(device);
+  return seconds_since(t0);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -137,24 +154,22 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
   std::vector<std::vector<double>> f(n), b(n), w(n);
   std::vector<double> o(n, 0);
   int64_t counted = 0;
+  const torch::Device device = device_of(sample);
   const auto start = Clock::now();
   for (int64_t pass = 0;; ++pass) {
     Batch x = sample;
     for (size_t i = 0; i < n; ++i) {
       const Batch in = detached_input(x);
-      auto t0 = Clock::now();
-      Batch y = chunks[i]->forward(in, 0);
-      const double tf = seconds_since(t0);
+      Batch y;
+      const double tf = timed_on(device, [&] { y = chunks[i]->forward(in, 0); });
       chunks[i]->prepare_backward();
-      t0 = Clock::now();
-      backward_ones(y);
-      const double tb = seconds_since(t0);
+      const double tb = timed_on(device, [&] { backward_ones(y); });
       double tw = 0;  // layers without the fast path computed theirs in the backward
       if (chunks[i]->has_deferred_weights()) {
-        t0 = Clock::now();
-        chunks[i]->backward_weight({0});
-        chunks[i]->finish_weight_groups();
-        tw = seconds_since(t0);
+        tw = timed_on(device, [&] {
+          chunks[i]->backward_weight({0});
+          chunks[i]->finish_weight_groups();
+        });
       }
       if (pass > 0) {
         f[i].push_back(tf);
@@ -182,15 +197,15 @@ LayerProfile profile_layers(const std::vector<LayerSpec>& specs, const Batch& sa
     std::vector<double> times;
     for (int r = 0; r < 5; ++r) {
       (void)evict.sum().item<float>();
-      const auto t0 = Clock::now();
-      for (const auto& p : params) {
-        // The weight-gradient kernel summed a fast-path weight's squares on the way, as the
-        // engine then takes them (with one replica: with several it reads the gradient again,
-        // about 0.16 ms per 4 MiB here, which this profile does not charge).
-        if (p.grad().defined() && !chunks[i]->weight_grad_sqnorm(p)) (void)p.grad().norm().item<double>();
-      }
-      opt->step();
-      times.push_back(seconds_since(t0));
+      times.push_back(timed_on(device, [&] {
+        for (const auto& p : params) {
+          // The weight-gradient kernel summed a fast-path weight's squares on the way, as the
+          // engine then takes them (with one replica: with several it reads the gradient again,
+          // about 0.16 ms per 4 MiB here, which this profile does not charge).
+          if (p.grad().defined() && !chunks[i]->weight_grad_sqnorm(p)) (void)p.grad().norm().item<double>();
+        }
+        opt->step();
+      }));
     }
     o[i] = median(times);
   }
