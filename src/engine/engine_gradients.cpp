@@ -90,6 +90,9 @@ double PipelineEngine::local_grad_sqnorm() const {
   // those sums count only where none ran: one replica, no tensor parallelism, no tied copy.
   const bool kernel_sums = num_replicas() == 1 && tensor_parallel_size() == 1;
   double sum = 0;
+  // The other gradients' squares, summed where they are: one read-back per step, not one per
+  // parameter (each would make the host wait for a GPU).
+  torch::Tensor on_device;
   for (const auto& p : trainable_parameters()) {
     if (!p.grad().defined() || skip.count(p.unsafeGetTensorImpl())) continue;
     // A tensor-parallel slice counts on every rank of the group, a replicated parameter once.
@@ -106,9 +109,10 @@ double PipelineEngine::local_grad_sqnorm() const {
     }
     // One pass in the gradient's own precision (cascade-summed): an upcast copy costs more
     // than the optimizer step on a stage of 1024x1024 layers.
-    const double n = p.grad().detach().norm().item<double>();
-    sum += n * n;
+    const torch::Tensor n = p.grad().detach().norm().to(torch::kDouble);
+    on_device = on_device.defined() ? on_device + n * n : n * n;
   }
+  if (on_device.defined()) sum += on_device.item<double>();
   return sum;
 }
 

@@ -76,6 +76,7 @@ class Executor {
     }
     finish_weight_gradients();
     if (s_.channel) s_.channel->wait_sends();
+    settle_losses();
     return std::move(result_);
   }
 
@@ -215,6 +216,7 @@ class Executor {
       case Op::reduce_grads:
       case Op::optimizer_step:
         finish_weight_gradients();
+        settle_losses();
         if (s_.on_step_op) s_.on_step_op(a.op, result_);
         return i + 1;
     }
@@ -329,7 +331,10 @@ class Executor {
       throw BatchError("the loss function must return a scalar, got " +
                        (loss.defined() ? c10::str(loss.sizes()) : std::string("an undefined tensor")));
     }
-    result_.loss_sum += loss.detach().item<double>();
+    // Summed where the loss is: reading each back would make the host wait for the device at
+    // every micro-batch (settle_losses reads the sum once).
+    const torch::Tensor value = loss.detach().reshape({}).to(torch::kDouble);
+    loss_total_ = loss_total_.defined() ? loss_total_ + value : value;
     result_.losses += 1;
     if (s_.training) {
       // Backward starts in float32: a float16 loss times a scale of 2^16 would overflow.
@@ -457,7 +462,12 @@ class Executor {
   SkipTraffic skips_;
   bool prepared_ = false;
   double filled_until_ = -1;  // where the current receive's wait began after filling it (-1: no filling)
+  torch::Tensor loss_total_;  // the losses so far, on the loss's device
   StageStepResult result_;
+
+  void settle_losses() {
+    if (loss_total_.defined()) result_.loss_sum = loss_total_.item<double>();
+  }
 };
 
 }  // namespace
