@@ -14,19 +14,22 @@ if [ "$LIBTORCH2" != 0 ]; then
   bash scripts/test-libtorch2.sh --prepare >"$prepare_log" 2>&1 &
   prepare_pid=$!
 fi
-# Whatever ends this script, the chroot's setup is not left running (nor its mounts).
+# Waits for the chroot's setup and prints its log (with `quiet`, only waits: a failed first suite's
+# output stays the end of the log). Whatever ends this script, the setup is not left running.
 finish_prepare() {
   local rc=0
   if [ -n "$prepare_pid" ]; then
     wait "$prepare_pid" || rc=$?
     prepare_pid=""
-    cat "$prepare_log"
-    echo "pipetrain: the Debian 13 chroot's setup ended with status $rc after $((SECONDS - start)) s"
+    if [ "${1:-}" != quiet ]; then
+      cat "$prepare_log"
+      echo "pipetrain: the Debian 13 chroot's setup ended with status $rc after $((SECONDS - start)) s"
+    fi
   fi
   rm -f "$prepare_log"
   return $rc
 }
-trap 'finish_prepare || true' EXIT
+trap 'finish_prepare quiet || true' EXIT
 
 # The Python package is required here: a machine without it fails instead of skipping its tests.
 bash scripts/build.sh -DPIPETRAIN_PYTHON=ON
@@ -42,7 +45,7 @@ if ! ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"; then
 fi
 echo "pipetrain: the LibTorch 1.13 suite passed after $((SECONDS - start)) s"
 if [ "$LIBTORCH2" != 0 ]; then
-  finish_prepare
+  finish_prepare verbose
   bash scripts/test-libtorch2.sh "$@"
   echo "pipetrain: both suites passed after $((SECONDS - start)) s"
 fi
