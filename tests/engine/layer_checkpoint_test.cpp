@@ -424,7 +424,7 @@ TEST_F(LayerCheckpoint, AnEditedManifestIsACheckpointErrorBeforeAnythingLoads) {
     }
   }
   auto write = [&](const json& manifest) { std::ofstream(manifest_path) << manifest.dump(2); };
-  // Loads `edit` through `load`; counts the refusals.
+  // Loads `edit` through `load`; notes the edits refused.
   std::set<std::string> refused;
   auto expect_load_or_checkpoint_error = [&](const Edit& edit, const std::function<void()>& load,
                                              const std::function<bool()>& unchanged) {
