@@ -49,10 +49,8 @@ std::string what_of(const std::exception& e) {
 std::string what_of(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
-  } catch (const c10::Error& err) {
-    return err.what_without_backtrace();
   } catch (const std::exception& err) {
-    return err.what();
+    return what_of(err);
   } catch (...) {
     return "unknown error";
   }
