@@ -262,18 +262,6 @@ json read_manifest(fs::path& dir) {
   return manifest;
 }
 
-// What check_manifest cannot see (a value that fits its type but not this model) throws
-// nlohmann's exceptions deeper down: they become a CheckpointError naming the file.
-template <typename F>
-auto reading_manifest(const fs::path& dir, F&& body) {
-  try {
-    return body();
-  } catch (const json::exception& e) {
-    throw CheckpointError(fmt::format("{}/manifest.json is not a pipetrain checkpoint manifest ({}); {}",
-                                      dir.string(), e.what(), kRestoreFix));
-  }
-}
-
 void save_module(const torch::nn::AnyModule& module, const fs::path& path) {
   torch::serialize::OutputArchive archive;
   try {
@@ -580,14 +568,14 @@ void set_checkpoint_fault_hook(std::function<void(const std::string& phase)> hoo
 int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
   fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
-  return reading_manifest(dir, [&] { return load_into(engine, dir, manifest); });
+  return load_into(engine, dir, manifest);
 }
 
 int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name, torch::optim::Optimizer* optimizer,
                         const std::string& optimizer_type) {
   fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
-  return reading_manifest(dir, [&] { return load_into(layers, dir, manifest, optimizer, optimizer_type); });
+  return load_into(layers, dir, manifest, optimizer, optimizer_type);
 }
 
 int64_t checkpoint_step(const std::string& dir_name) {

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <cstring>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
