@@ -10,6 +10,8 @@ either runs by changing its import:
     import pipetrain as deepspeed                                # DeepSpeed's pipeline engine
     from pipetrain.pipe import PipelineModule, LayerSpec, TiedLayerSpec
 """
+import importlib
+
 import torch  # noqa: F401  - the extension needs libtorch_python loaded first
 
 from . import _C
@@ -21,16 +23,58 @@ from . import balance, skip  # noqa: E402
 
 __version__ = _C.__version__
 
+# DeepSpeed's top-level names, each imported on first use from the submodule that holds it, so
+# that a torchgpipe user never pays for the DeepSpeed front end. A name mapped to None is the
+# submodule itself.
+_LAZY = {
+    'pipe': None, 'runtime': None, 'utils': None, 'accelerator': None, 'checkpointing': None, 'comm': None,
+    'initialize': 'pipe', 'PipelineModule': 'pipe', 'PipelineEngine': 'pipe',
+    'add_config_arguments': 'arguments', 'log_dist': 'utils', 'logger': 'utils',
+    'get_accelerator': 'accelerator', 'init_distributed': 'comm',
+}
+
 __all__ = [
-    'GPipe', 'is_checkpointing', 'is_recomputing', 'balance', 'skip', 'pipe', 'initialize', 'init_distributed',
+    'GPipe', 'is_checkpointing', 'is_recomputing', 'balance', 'skip',
     'PipelineError', 'ConfigError', 'BalanceError', 'DeviceError', 'ModuleError', 'BatchError', 'ScheduleError',
     'CommError', 'TimeoutError', 'PeerError', 'CheckpointError', 'DataError', 'NumericError', 'UsageError',
+    *_LAZY,
 ]
 
 
+def _submodule(name):
+    # importlib, not `from . import name`: the latter asks this module for the attribute first,
+    # which re-enters __getattr__ and recurses until the submodule happens to be imported.
+    return importlib.import_module(f'{__name__}.{name}')
+
+
+def _init_distributed_module():
+    # pipetrain.comm (DeepSpeed's deepspeed.comm) holds init_distributed where it exists; an
+    # older tree has only the engine's own.
+    try:
+        return _submodule('comm')
+    except ModuleNotFoundError as e:
+        if e.name != f'{__name__}.comm':
+            raise
+        return _submodule('pipe')
+
+
 def __getattr__(name):
-    # The DeepSpeed front end is imported on first use: a torchgpipe user never pays for it.
-    if name in ('pipe', 'initialize', 'init_distributed'):
-        from . import pipe
-        return pipe if name == 'pipe' else getattr(pipe, name)
-    raise AttributeError(f"module 'pipetrain' has no attribute '{name}'")
+    where = _LAZY.get(name, '')
+    if where == '':
+        raise AttributeError(f"module 'pipetrain' has no attribute '{name}'")
+    if where is None:
+        try:
+            return _submodule(name)
+        except ModuleNotFoundError as e:
+            if e.name != f'{__name__}.{name}':
+                raise
+            raise AttributeError(f"module 'pipetrain' has no attribute '{name}' (pipetrain.{name} is not in "
+                                 'this build)') from e
+    module = _init_distributed_module() if name == 'init_distributed' else _submodule(where)
+    value = getattr(module, name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,4 @@
+"""deepspeed.runtime.pipe.engine: PipelineEngine (pipetrain.pipe's)."""
+from ...pipe.engine import PipelineEngine
+
+__all__ = ['PipelineEngine']
