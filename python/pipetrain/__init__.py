@@ -47,31 +47,13 @@ def _submodule(name):
     return importlib.import_module(f'{__name__}.{name}')
 
 
-def _init_distributed_module():
-    # pipetrain.comm (DeepSpeed's deepspeed.comm) holds init_distributed where it exists; an
-    # older tree has only the engine's own.
-    try:
-        return _submodule('comm')
-    except ModuleNotFoundError as e:
-        if e.name != f'{__name__}.comm':
-            raise
-        return _submodule('pipe')
-
-
 def __getattr__(name):
     where = _LAZY.get(name, '')
     if where == '':
         raise AttributeError(f"module 'pipetrain' has no attribute '{name}'")
     if where is None:
-        try:
-            return _submodule(name)
-        except ModuleNotFoundError as e:
-            if e.name != f'{__name__}.{name}':
-                raise
-            raise AttributeError(f"module 'pipetrain' has no attribute '{name}' (pipetrain.{name} is not in "
-                                 'this build)') from e
-    module = _init_distributed_module() if name == 'init_distributed' else _submodule(where)
-    value = getattr(module, name)
+        return _submodule(name)
+    value = getattr(_submodule(where), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

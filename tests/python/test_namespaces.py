@@ -71,7 +71,6 @@ def test_initialize_resolves_before_and_after_pipe_is_imported():
 
 def test_deepspeed_import_forms_resolve_to_pipetrains_objects():
     out = run_fresh("""
-        import importlib.util
         import pipetrain as deepspeed
         import pipetrain.pipe as pipe
         deepspeed.runtime.utils.set_random_seed(3)
@@ -88,6 +87,9 @@ def test_deepspeed_import_forms_resolve_to_pipetrains_objects():
         assert deepspeed.PipelineModule is PipelineModule is deepspeed.runtime.pipe.PipelineModule
         assert ProcessTopology is pipe.ProcessTopology and PipeDataParallelTopology is pipe.PipeDataParallelTopology
         assert issubclass(PipeModelDataParallelTopology, ProcessTopology)
+        from pipetrain.runtime.pipe.topology import PipelineParallelGrid
+        import pipetrain.comm
+        assert PipelineParallelGrid is pipetrain.comm.PipelineParallelGrid
         assert schedule.TrainSchedule.__name__ == 'TrainSchedule' and deepspeed.runtime.pipe.schedule is schedule
         assert deepspeed.checkpointing is deepspeed.runtime.activation_checkpointing.checkpointing
         assert checkpoint is deepspeed.checkpointing.checkpoint
@@ -95,10 +97,10 @@ def test_deepspeed_import_forms_resolve_to_pipetrains_objects():
         assert log_dist is deepspeed.log_dist and logger is deepspeed.logger
         assert get_accelerator is deepspeed.get_accelerator is deepspeed.accelerator.get_accelerator
         assert callable(deepspeed.add_config_arguments)
-        has_comm = importlib.util.find_spec('pipetrain.comm') is not None
-        expected = importlib.import_module('pipetrain.comm' if has_comm else 'pipetrain.pipe').init_distributed
-        assert deepspeed.init_distributed is expected
-        assert hasattr(deepspeed, 'comm') == has_comm
+        assert deepspeed.init_distributed is pipetrain.comm.init_distributed
+        assert deepspeed.comm is pipetrain.comm
+        from pipetrain import comm as dist
+        assert dist is pipetrain.comm
         assert not hasattr(deepspeed, 'no_such_name')
         major, minor, patch = deepspeed.__version__.split('.')[:3]   # how scripts parse DeepSpeed's
         assert major.isdigit() and minor.isdigit() and patch[:1].isdigit(), deepspeed.__version__
@@ -154,6 +156,13 @@ class _Records(logging.Handler):
 
 
 @pytest.fixture
+def undistributed(alone):
+    """No launcher and no torch.distributed group (another test's engine may have made one)."""
+    alone.setattr(torch.distributed, 'is_initialized', lambda: False)
+    return alone
+
+
+@pytest.fixture
 def records():
     handler = _Records()
     deepspeed.logger.addHandler(handler)
@@ -168,14 +177,15 @@ def test_logger_is_deepspeeds():
     assert any(isinstance(h, logging.StreamHandler) for h in logger.handlers)
 
 
-def test_log_dist_logs_everywhere_in_a_process_running_alone(alone, records):
+def test_log_dist_logs_everywhere_in_a_process_running_alone(undistributed, records):
     deepspeed.log_dist('hello', ranks=[0])
     deepspeed.log_dist('none given')
     assert records == [(logging.INFO, '[Rank -1] hello'), (logging.INFO, '[Rank -1] none given')]
 
 
 @pytest.mark.parametrize('launcher', ['torchrun', 'mpirun'])
-def test_log_dist_filters_by_the_launchers_rank(alone, records, launcher):
+def test_log_dist_filters_by_the_launchers_rank(undistributed, records, launcher):
+    alone = undistributed
     if launcher == 'torchrun':
         env = {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_RANK': '1', 'LOCAL_WORLD_SIZE': '2',
                'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '29511'}
@@ -192,7 +202,16 @@ def test_log_dist_filters_by_the_launchers_rank(alone, records, launcher):
     assert records == [(logging.INFO, '[Rank 1] to rank 1'), (logging.WARNING, '[Rank 1] to all')]
 
 
-def test_log_dist_names_the_rank_when_the_environment_is_incomplete(alone, records):
+def test_log_dist_filters_by_torch_distributeds_rank_once_initialised(undistributed, records):
+    undistributed.setattr(torch.distributed, 'is_initialized', lambda: True)
+    undistributed.setattr(torch.distributed, 'get_rank', lambda group=None: 2)
+    deepspeed.log_dist('to 0', ranks=[0])
+    deepspeed.log_dist('to 2', ranks=[2])
+    assert records == [(logging.INFO, '[Rank 2] to 2')]
+
+
+def test_log_dist_names_the_rank_when_the_environment_is_incomplete(undistributed, records):
+    alone = undistributed
     alone.setenv('RANK', '3')  # no WORLD_SIZE or MASTER_ADDR: the engine would refuse it, the log need not
     deepspeed.log_dist('three', ranks=[3])
     deepspeed.log_dist('zero', ranks=[0])
