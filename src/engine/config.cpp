@@ -329,8 +329,19 @@ EngineConfig EngineConfig::from_json_text(const std::string& text, const std::st
     read_monitor(r, key, what,
                  key == "wandb" ? deepspeed::kWandb : key == "comet" ? deepspeed::kComet : deepspeed::kCsvMonitor);
   }
-  reader.finish();
+  // DeepSpeed reads its top-level keys one by one and never sees the others (a typo included):
+  // the Python front end, standing in for it, names them in a warning instead of failing.
+  std::vector<std::string> unknown_top_level;
+  if (warn == ConfigWarnings::DeepSpeed) unknown_top_level = reader.unknown();
+  if (unknown_top_level.empty()) reader.finish();
   (void)c.precision();  // both enabled: the error names the two keys
+
+  if (!unknown_top_level.empty()) {
+    c.warnings.push_back(origin + ": unknown key" + (unknown_top_level.size() > 1 ? "s " : " ") +
+                         ObjectReader::quoted(unknown_top_level) +
+                         " ignored, as DeepSpeed ignores them; check the spelling if " +
+                         (unknown_top_level.size() > 1 ? "they were" : "it was") + " meant to do something");
+  }
 
   if (!reader.ignored().empty()) {
     c.warnings.push_back(origin + ": DeepSpeed keys that pipetrain does not implement are ignored: " +

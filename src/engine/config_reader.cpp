@@ -122,11 +122,16 @@ ObjectReader ObjectReader::object(const std::string& key) {
   return ObjectReader(object_.at(key), name(key), context_);
 }
 
-void ObjectReader::finish() const {
-  std::vector<std::string> unknown;
+std::vector<std::string> ObjectReader::unknown() const {
+  std::vector<std::string> out;
   for (const auto& item : object_.items()) {
-    if (!known_.count(item.key()) && !ignored_keys_.count(item.key())) unknown.push_back(name(item.key()));
+    if (!known_.count(item.key()) && !ignored_keys_.count(item.key())) out.push_back(name(item.key()));
   }
+  return out;
+}
+
+void ObjectReader::finish() const {
+  const std::vector<std::string> unknown = this->unknown();
   if (unknown.empty()) return;
   // The keys pipetrain reads; the ignored DeepSpeed ones would only bury them.
   const std::vector<std::string> known(known_.begin(), known_.end());

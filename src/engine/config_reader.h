@@ -50,6 +50,8 @@ class ObjectReader {
 
   // Every key neither read nor ignored is an error: DeepSpeed silently ignores typos, we do not.
   void finish() const;
+  // The keys neither read nor ignored so far (dotted names), for a caller that tolerates them.
+  std::vector<std::string> unknown() const;
   // The dotted names of the ignored keys of every reader of this document, in reading order.
   const std::vector<std::string>& ignored() const { return context_->ignored; }
   const std::vector<std::string>& warnings() const { return context_->warnings; }

@@ -185,7 +185,7 @@ void PipelineEngine::optimizer_step(const runtime::StageStepResult& so_far) {
       if (p.grad().defined()) p.mutable_grad().mul_(coef);
     }
   }
-  last_.lr = config_.scheduler.lr_at(global_steps_ - 1, base_lr_);
+  last_.lr = config_.scheduler.lr_at(global_steps_ - 1 - scheduler_start_, base_lr_);
   if (optimizer_) {
     set_learning_rate(*optimizer_, last_.lr);
     optimizer_->step();

@@ -187,6 +187,11 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
 
   sync_initial_weights();
   auto params = trainable_parameters();
+  if (config_.optimizer.external && config_.zero_optimization.stage == 1 && num_replicas() > 1) {
+    throw ConfigError("zero_optimization.stage 1 shards the engine's own optimizer, and a client optimizer "
+                      "(initialize(optimizer=...), model_parameters or lr_scheduler) steps every parameter "
+                      "itself: give the optimizer in the config's optimizer block, or use stage 0");
+  }
   if (config_.zero_optimization.stage == 1 && num_replicas() > 1) {
     std::vector<int64_t> sizes;
     for (const auto& p : params) {
@@ -196,11 +201,34 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
     zero_ = ZeroPartition(sizes, num_replicas(), replica());
     params = zero_.owned(params);
   }
-  if (!params.empty()) optimizer_ = make_optimizer(config_.optimizer, params);
+  // An external (Python client) optimizer steps after train_batch, over the gradients left here.
+  if (!params.empty() && !config_.optimizer.external) optimizer_ = make_optimizer(config_.optimizer, params);
   base_lr_ = config_.optimizer.lr;
 }
 
 PipelineEngine::~PipelineEngine() = default;
+
+void PipelineEngine::set_gradient_accumulation_steps(int64_t steps) {
+  if (steps < 1) throw ConfigError(fmt::format("gradient_accumulation_steps must be >= 1, got {}", steps));
+  EngineConfig next = config_;
+  next.gradient_accumulation_steps = steps;
+  next.train_batch_size = steps * next.train_micro_batch_size_per_gpu * num_replicas();
+  auto sched = train_schedule_for(next, num_stages());
+  const auto& now = train_schedule_.layout;
+  bool same_layout = sched.layout.num_chunks() == now.num_chunks();
+  for (int s = 0; same_layout && s < num_stages(); ++s) {
+    for (int c = 0; same_layout && c < now.num_chunks(); ++c) {
+      same_layout = sched.layout.virtual_stage(s, c) == now.virtual_stage(s, c);
+    }
+  }
+  if (!same_layout) {
+    throw ConfigError(fmt::format("{} micro-batches per step would place the layers otherwise under schedule {}; "
+                                  "keep {} or build a new engine",
+                                  steps, config_.pipeline.schedule, config_.gradient_accumulation_steps));
+  }
+  config_ = std::move(next);
+  train_schedule_ = std::move(sched);
+}
 
 std::shared_ptr<comm::Communicator> PipelineEngine::connect_from_env(const EngineConfig& config) {
   const auto info = comm::rank_info_from_env();

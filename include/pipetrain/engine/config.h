@@ -47,6 +47,9 @@ struct OptimizerConfig {
   std::array<double, 2> betas{0.9, 0.999};  // Adam, AdamW
   double eps = 1e-8;
   double alpha = 0.99;  // RMSprop
+  // Set by the Python front end (never read from JSON): a client torch optimizer steps the
+  // parameters after each train_batch, so the engine builds none of its own.
+  bool external = false;
 };
 
 struct SchedulerConfig {
@@ -127,8 +130,9 @@ struct TensorBoardConfig {
 
 // What a parse does with its warnings: both keep them in EngineConfig::warnings; Log also writes
 // each one once to the log (util::log_warn). Collect is for callers that log them themselves
-// (one rank of many).
-enum class ConfigWarnings { Log, Collect };
+// (one rank of many). DeepSpeed is Collect, and unknown top-level keys are a warning naming
+// them instead of an error, as DeepSpeed's engine ignores them (pipetrain.initialize).
+enum class ConfigWarnings { Log, Collect, DeepSpeed };
 
 struct EngineConfig {
   int64_t train_batch_size = 0;                // 0 = derive from the other two

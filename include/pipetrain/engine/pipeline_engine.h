@@ -113,6 +113,15 @@ class PipelineEngine {
   int64_t global_steps() const { return global_steps_; }
   // After loading a checkpoint: the step count the LR schedule continues from.
   void set_global_steps(int64_t steps) { global_steps_ = steps; }
+  // DeepSpeed's set_train_batch_size: later steps take `steps` micro-batches (train_batch_size
+  // follows). Every rank calls it with the same count. ConfigError when the schedule cannot run
+  // that count, or would place the layers otherwise.
+  void set_gradient_accumulation_steps(int64_t steps);
+  // The step the LR schedule counts from (0): a load that keeps the scheduler's state out
+  // (DeepSpeed's load_lr_scheduler_states=False) restarts the schedule at the loaded step.
+  void set_scheduler_start(int64_t step) { scheduler_start_ = step; }
+  // The learning rate the next optimizer step uses.
+  double next_lr() const { return config_.scheduler.lr_at(global_steps_ - scheduler_start_, base_lr_); }
   const PipelineModule& module() const { return module_; }
   // This rank's layers by global index, each module once (at its first local use).
   std::vector<std::pair<int64_t, torch::nn::AnyModule>> local_layers() const;
@@ -207,6 +216,7 @@ class PipelineEngine {
   ZeroPartition zero_;
   double base_lr_ = 0;
   int64_t global_steps_ = 0;
+  int64_t scheduler_start_ = 0;
   StepStats last_;
   double step_loss_ = 0;
   std::vector<schedule::TimedEvent> last_events_;
