@@ -102,7 +102,8 @@ def losses_of(output):
 def assert_same_losses(got, expected, output):
     assert len(got) == len(expected), output[-4000:]
     for step, (g, e) in enumerate(zip(got, expected), 1):
-        assert abs(g - e) <= 1e-5 + 1e-4 * abs(e), f'step {step}: {got} vs {expected}\n{output[-4000:]}'
+        # Printed to 7 decimals; the same arithmetic in another order differs by about 1e-7.
+        assert abs(g - e) <= 5e-5, f'step {step}: {got} vs {expected}\n{output[-4000:]}'
 
 
 def example_args(tmp_path, pipeline_size):
