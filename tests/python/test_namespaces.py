@@ -3,6 +3,7 @@ as DeepSpeed documents them: add_config_arguments, utils (logger, log_dist, Repe
 runtime.utils.set_random_seed, runtime.pipe.{module,topology,engine,schedule}, accelerator,
 checkpointing, and the lazy top-level names."""
 import argparse
+import copy
 import gc
 import logging
 import os
@@ -16,6 +17,7 @@ import numpy
 import pytest
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 import pipetrain as deepspeed
 from pipetrain import checkpointing as ckpt
@@ -500,3 +502,36 @@ def test_model_parallel_cuda_manual_seed_seeds_the_accelerator():
     b = torch.rand(3) if not torch.cuda.is_available() else torch.rand(3, device='cuda')
     assert torch.equal(a, b)
     ckpt.reset()
+
+
+class _CheckpointedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return deepspeed.checkpointing.checkpoint(lambda t: self.b(torch.tanh(self.a(t))), x)
+
+
+def test_checkpoint_inside_a_pipeline_layer_gives_the_plain_step(alone):
+    # The recomputation runs in the engine's backward, on its worker, outside the forward's call.
+    layers = [nn.Linear(4, 8), _CheckpointedBlock(), nn.Linear(8, 2)]
+    plain = nn.Sequential(*(copy.deepcopy(layer) for layer in layers))
+    model = deepspeed.PipelineModule(layers=layers, num_stages=1, loss_fn=nn.MSELoss())
+    engine, _, _, _ = deepspeed.initialize(model=model, config={
+        'train_batch_size': 4, 'train_micro_batch_size_per_gpu': 2,
+        'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}})
+    try:
+        data = [(torch.randn(2, 4), torch.randn(2, 2)) for _ in range(2)]
+        loss = engine.train_batch(iter(data))
+        opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+        expected = sum(F.mse_loss(plain(x), y) for x, y in data) / 2
+        expected.backward()
+        opt.step()
+        torch.testing.assert_close(loss, expected.detach())
+        for p, q in zip(model.parameters(), plain.parameters()):
+            torch.testing.assert_close(p, q)
+    finally:
+        del engine
+        gc.collect()
