@@ -165,11 +165,15 @@ def test_pipelined_under_mpirun_matches_one_process(tmp_path):
     if mpirun is None:
         pytest.skip('mpirun (openmpi-bin) is not installed')
     one_process = reference_losses(CONFIG, STEPS, SEED, tmp_path / 'no-cifar-here', SYNTHETIC)
-    env = dict(os.environ, OMP_NUM_THREADS='1', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
+    # As a DeepSpeed user runs it: mpirun sets only OMPI_COMM_WORLD_*, init_distributed finds the rest
+    # (the port is given only because the derived one might be taken by a test running beside this).
+    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE',
+                                                              'MASTER_ADDR', 'MASTER_PORT')}
+    env.update(OMP_NUM_THREADS='1', MASTER_PORT=str(free_port()))
     # mpirun passes on only the variables named with -x; PYTHONPATH must exist to be named.
     env.setdefault('PYTHONPATH', str(pathlib.Path(pipetrain.__file__).resolve().parents[1]))
-    cmd = [mpirun, '-np', '2', '--allow-run-as-root', '--oversubscribe', '--timeout', '240',
-           '-x', 'PYTHONPATH', '-x', 'OMP_NUM_THREADS', '-x', 'MASTER_ADDR', '-x', 'MASTER_PORT',
+    cmd = [mpirun, '-np', '2', '--allow-run-as-root', '--oversubscribe',
+           '-x', 'PYTHONPATH', '-x', 'OMP_NUM_THREADS', '-x', 'MASTER_PORT',
            sys.executable, str(EXAMPLE), *example_args(tmp_path, 2)]
     result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
                             check=False)
