@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <exception>
-#include <future>
 #include <optional>
 
 #include "pipetrain/error.h"
@@ -88,7 +87,7 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
   std::vector<c10::Stream> copy_streams;
   for (const auto& stage : stages) copy_streams.push_back(new_copy_stream(stage.device));
   for (const Tick& tick : clock_cycles(m, n)) {
-    std::vector<std::future<Batch>> results;
+    std::vector<TaskResult<Batch>> results;
     results.reserve(tick.size());
     for (const auto& [i, j] : tick) {
       const Stage& stage = stages[j];
@@ -111,7 +110,7 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
     const auto deadline = std::chrono::steady_clock::now() + budget;
     std::exception_ptr failure;
     for (size_t t = 0; t < tick.size(); ++t) {
-      if (results[t].wait_until(deadline) != std::future_status::ready) {
+      if (!results[t].wait_until(deadline)) {
         workers.abandon();
         throw TimeoutError(fmt::format(
             "GPipe: partition {} did not finish micro-batch {} within {} s (GPipeOptions::task_timeout); a layer "

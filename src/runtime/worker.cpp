@@ -20,13 +20,26 @@ WorkerPool::~WorkerPool() {
     q->closed = true;
     q->ready.notify_all();
   }
+  const auto self = std::this_thread::get_id();
   for (auto& t : threads_) {
     if (abandoned_) {
       t.detach();  // a hung task keeps its thread; it ends when the task returns
+    } else if (t.get_id() == self) {
+      // Destroyed by one of its own tasks (see worker.h): joining would throw and abort. The
+      // thread owns its queue, now closed, and ends when this task returns.
+      t.detach();
     } else {
       t.join();
     }
   }
+}
+
+bool WorkerPool::on_worker() const {
+  const auto self = std::this_thread::get_id();
+  for (const auto& t : threads_) {
+    if (t.get_id() == self) return true;
+  }
+  return false;
 }
 
 void WorkerPool::post(int64_t j, std::function<void()> job) {
@@ -53,7 +66,7 @@ void WorkerPool::loop(const std::shared_ptr<Queue>& shared, int64_t intra_op_thr
       job = std::move(queue.tasks.front());
       queue.tasks.pop_front();
     }
-    job();  // a packaged_task: exceptions land in its future
+    job();  // catches its task's exception into the TaskResult
   }
 }
 

@@ -1,8 +1,11 @@
-// Worker threads: one thread per worker, ordered tasks, exceptions in futures.
+// Worker threads: one thread per worker, ordered tasks, exceptions in results, and what is
+// released on which thread.
 #include "pipetrain/runtime/worker.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 
@@ -13,7 +16,7 @@ namespace {
 
 TEST(WorkerPool, EachWorkerIsOneThreadRunningTasksInOrder) {
   WorkerPool pool(2);
-  std::vector<std::future<std::thread::id>> ids;
+  std::vector<TaskResult<std::thread::id>> ids;
   std::vector<int> order;
   for (int k = 0; k < 5; ++k) {
     pool.submit<int>(0, [&order, k] { order.push_back(k); return k; });
@@ -28,7 +31,7 @@ TEST(WorkerPool, EachWorkerIsOneThreadRunningTasksInOrder) {
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
 }
 
-TEST(WorkerPool, ExceptionsLandInTheFuture) {
+TEST(WorkerPool, ExceptionsLandInTheResult) {
   WorkerPool pool(1);
   auto f = pool.submit<int>(0, []() -> int { throw std::runtime_error("task failed"); });
   EXPECT_THROW(f.get(), std::runtime_error);
@@ -43,6 +46,65 @@ TEST(WorkerPool, DestructorDrainsQueuedTasks) {
     for (int k = 0; k < 10; ++k) pool.submit<int>(k % 2, [&done] { return ++done; });
   }
   EXPECT_EQ(done.load(), 10);
+}
+
+// Records the thread that destroys it (a stand-in for a Python object whose release may free
+// the model that owns the pool).
+struct Witness {
+  std::shared_ptr<std::atomic<std::thread::id>> destroyed_on = std::make_shared<std::atomic<std::thread::id>>();
+  Witness() = default;
+  Witness(const Witness&) = default;
+  ~Witness() {
+    if (destroyed_on.use_count() == 2) destroyed_on->store(std::this_thread::get_id());  // the last copy
+  }
+};
+
+struct WitnessedError : std::runtime_error {
+  explicit WitnessedError(Witness w) : std::runtime_error("task failed"), witness(std::move(w)) {}
+  Witness witness;
+};
+
+TEST(WorkerPool, ATasksCapturesAreGoneBeforeItsResultIsSeen) {
+  WorkerPool pool(1);
+  std::weak_ptr<int> capture;
+  TaskResult<int> result;
+  {
+    auto held = std::make_shared<int>(7);
+    capture = held;
+    result = pool.submit<int>(0, [held] { return *held; });
+  }
+  EXPECT_EQ(result.get(), 7);
+  // Dropped by the worker before it handed the value over, not later when it gets to it.
+  EXPECT_TRUE(capture.expired());
+}
+
+TEST(WorkerPool, ATasksExceptionIsReleasedByTheCaller) {
+  WorkerPool pool(1);
+  auto observed = std::make_shared<std::atomic<std::thread::id>>();
+  for (int round = 0; round < 50; ++round) {
+    {
+      Witness witness;
+      observed = witness.destroyed_on;
+      auto result = pool.submit<int>(0, [witness]() -> int { throw WitnessedError(witness); });
+      EXPECT_THROW(result.get(), WitnessedError);
+    }
+    pool.submit<int>(0, [] { return 0; }).get();  // the worker is past the failed task
+    ASSERT_EQ(observed->load(), std::this_thread::get_id()) << "round " << round;
+  }
+}
+
+TEST(WorkerPool, APoolDestroyedByItsOwnTaskDetachesThatWorker) {
+  auto pool = std::make_shared<WorkerPool>(2);
+  auto last = pool;  // the task's copy becomes the last one
+  std::weak_ptr<WorkerPool> watch = pool;
+  pool.reset();
+  auto result = last->submit<bool>(0, [&last] {
+    const bool on_worker = last->on_worker();
+    last.reset();  // ~WorkerPool on worker 0: must not join itself (std::terminate)
+    return on_worker;
+  });
+  EXPECT_TRUE(result.get());
+  EXPECT_TRUE(watch.expired());
 }
 
 }  // namespace
