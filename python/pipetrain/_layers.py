@@ -89,8 +89,8 @@ def native_layer(module, name, native=None):
     if native is None:
         native = native_layers_enabled()
     if isinstance(module, Skippable):
-        return _C.python_skippable_layer(module, [module.namespaced(n) for n in module.stashable_names],
-                                         [module.namespaced(n) for n in module.poppable_names], name)
+        stash_keys, pop_keys = module.skip_keys()
+        return _C.python_skippable_layer(module, stash_keys, pop_keys, name)
     build = _NATIVE_TYPES.get(type(module))
     if native and build is not None and not _has_hooks(module):
         return build(module, name)

@@ -1,6 +1,7 @@
 // Skippable layers: declarations, namespaces, and the stash/pop handed to their forward.
 #include "pipetrain/skip/skippable.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "pipetrain/error.h"
@@ -53,7 +54,12 @@ std::string SkipDeclaration::describe() const {
 }
 
 bool SkipDeclaration::operator==(const SkipDeclaration& other) const {
-  return stash == other.stash && pop == other.pop;
+  // Python declares names as sets, whose iteration order follows PYTHONHASHSEED: compare sorted.
+  const auto sorted = [](std::vector<SkipKey> keys) {
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  };
+  return sorted(stash) == sorted(other.stash) && sorted(pop) == sorted(other.pop);
 }
 
 const SkipKey& Skips::key(const std::vector<SkipKey>& keys, const std::string& name,
@@ -69,11 +75,52 @@ const SkipKey& Skips::key(const std::vector<SkipKey>& keys, const std::string& n
 void Skips::stash(const std::string& name, torch::Tensor tensor) {
   // An undefined tensor is a valid stash (torchgpipe's None): an optional skip. It travels to
   // the popping layer like any other, which decides what to do without it.
-  tracker_.stash(key(layer_.declaration().stash, name, "stashes"), std::move(tensor));
+  const SkipKey& k = key(layer_.declaration().stash, name, "stashes");
+  tracker_.stash(k, std::move(tensor));
+  stashed_.push_back(k);
 }
 
 torch::Tensor Skips::pop(const std::string& name) {
-  return tracker_.pop(key(layer_.declaration().pop, name, "pops"));
+  const SkipKey& k = key(layer_.declaration().pop, name, "pops");
+  torch::Tensor t = tracker_.pop(k);
+  popped_.push_back(k);
+  return t;
+}
+
+namespace {
+
+// "'a', 'b'" for the keys of `declared` missing from `used`.
+std::string missing(const std::vector<SkipKey>& declared, const std::vector<SkipKey>& used) {
+  std::string out;
+  for (const auto& k : declared) {
+    if (std::find(used.begin(), used.end(), k) != used.end()) continue;
+    out += (out.empty() ? "" : ", ") + k.describe();
+  }
+  return out;
+}
+
+}  // namespace
+
+void Skips::check_all_used() {
+  const auto& declared = layer_.declaration();
+  const std::string not_stashed = missing(declared.stash, stashed_);
+  if (!not_stashed.empty()) {
+    throw ModuleError(not_stashed + " must be stashed but have not: layer " + layer_.layer_name() +
+                      " declares " + declared.describe() +
+                      " but its forward did not stash them; stash each declared name in every forward "
+                      "(an undefined tensor for an optional skip) or drop it from the declaration");
+  }
+  const std::string not_popped = missing(declared.pop, popped_);
+  if (!not_popped.empty()) {
+    // A skip nobody will take must not linger in the tracker for the next forward.
+    for (const auto& k : declared.pop) {
+      if (std::find(popped_.begin(), popped_.end(), k) == popped_.end() && tracker_.contains(k)) tracker_.pop(k);
+    }
+    throw ModuleError(not_popped + " must be popped but have not: layer " + layer_.layer_name() + " declares " +
+                      declared.describe() +
+                      " but its forward did not pop them; pop each declared name in every forward or drop it "
+                      "from the declaration");
+  }
 }
 
 SkippableImpl::SkippableImpl(std::vector<std::string> stash, std::vector<std::string> pop,
@@ -97,7 +144,9 @@ SkippableImpl& SkippableImpl::isolate(const Namespace& ns) {
 
 torch::Tensor SkippableImpl::forward(const torch::Tensor& input) {
   Skips skips(*this, current_tracker());
-  return forward_skips(input, skips);
+  torch::Tensor output = forward_skips(input, skips);
+  skips.check_all_used();
+  return output;
 }
 
 torch::Tensor SkippableImpl::forward_skips(const torch::Tensor& input, Skips& skips) {

@@ -1,12 +1,19 @@
 """The skip API (pipetrain.skip): declarations, namespaces, verification, and skips carried
 across partitions by GPipe with the same gradients as without a pipeline."""
 import copy
+import gc
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
-from pipetrain import GPipe
+import pipetrain
+from pipetrain import GPipe, _C
+from pipetrain.pipe import LayerSpec, PipelineModule
 from pipetrain.skip import Namespace, pop, skippable, stash, verify_skippables
 
 
@@ -172,12 +179,147 @@ def test_none_is_an_optional_skip():
     out.sum().backward()
 
 
-def test_a_skippable_without_yields_is_a_plain_layer():
-    @skippable(stash=['unused'])
+def test_a_skippable_without_yields_is_a_plain_layer_only_when_it_declares_nothing():
+    @skippable()
     class Plain(nn.Module):
         def forward(self, x):
             return x * 2
 
-    with pytest.raises(TypeError):
-        verify_skippables(nn.Sequential(Plain()))  # the declaration still has to match
+    @skippable(stash=['unused'])
+    class Unused(nn.Module):
+        def forward(self, x):
+            return x * 2
+
     torch.testing.assert_close(Plain()(torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(TypeError):
+        verify_skippables(nn.Sequential(Unused()))  # the declaration still has to match
+    with pytest.raises(RuntimeError, match="'unused' must be stashed but have not"):
+        Unused()(torch.ones(2))
+
+
+@skippable(stash=['a', 'b'])
+class DeclaresTwoStashesOne(nn.Module):
+    def forward(self, x):
+        yield stash('a', x)
+        return x
+
+
+@skippable(pop=['a', 'b'])
+class DeclaresTwoPopsOne(nn.Module):
+    def forward(self, x):
+        a = yield pop('a')
+        return x + a
+
+
+def test_every_declared_name_must_be_stashed_and_popped_in_each_forward():
+    # torchgpipe's Skippable checks this after each forward, in a pipeline or not.
+    with pytest.raises(RuntimeError, match=r"^'b' must be stashed but have not: DeclaresTwoStashesOne") as info:
+        DeclaresTwoStashesOne()(torch.ones(1))
+    assert isinstance(info.value, pipetrain.ModuleError) and 'None for an optional skip' in str(info.value)
+    # Plain Sequential: stash a and b, pop only a. b is not left for the next forward.
+    model = nn.Sequential(Stash2(), DeclaresTwoPopsOne())
+    with pytest.raises(RuntimeError, match=r"^'b' must be popped but have not: DeclaresTwoPopsOne"):
+        model(torch.ones(1))
+    assert not _C.skip_contains('', 'b')
+    with pytest.raises(RuntimeError, match="'b' must be stashed but have not"):
+        nn.Sequential(DeclaresTwoStashesOne(), DeclaresTwoPopsOne())(torch.ones(1))
+    _C.skip_pop('', 'a')  # what the failed forward left
+
+
+@skippable(stash=['a', 'b'])
+class Stash2(nn.Module):
+    def forward(self, x):
+        yield stash('a', x)
+        yield stash('b', x * 2)
+        return x
+
+
+@skippable(pop=['a', 'b'])
+class Pop2(nn.Module):
+    def forward(self, x):
+        a = yield pop('a')
+        b = yield pop('b')
+        return x + a + b
+
+
+@pytest.mark.parametrize('balance', [[1, 1], [2]])
+def test_gpipe_raises_for_a_declared_skip_a_forward_left_out(balance):
+    for model, message in ((nn.Sequential(DeclaresTwoStashesOne(), Pop2()), "'b' must be stashed but have not"),
+                           (nn.Sequential(Stash2(), DeclaresTwoPopsOne()), "'b' must be popped but have not")):
+        gpipe = GPipe(model, balance, devices=['cpu'] * len(balance), chunks=2)
+        with pytest.raises(RuntimeError, match=message):
+            gpipe(torch.ones(2, 1))
+    good = GPipe(nn.Sequential(Stash2(), Pop2()), balance, devices=['cpu'] * len(balance), chunks=2)
+    torch.testing.assert_close(good(torch.ones(2, 1)), torch.full((2, 1), 4.0))
+
+
+def _engine(layers):
+    cfg = {'train_batch_size': 4, 'train_micro_batch_size_per_gpu': 2, 'steps_per_print': 10**6,
+           'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}}
+    engine, _, _, _ = pipetrain.initialize(model=PipelineModule(layers=layers, num_stages=1, loss_fn=nn.MSELoss()),
+                                           config=cfg)
+    return engine
+
+
+@pytest.mark.parametrize('layers, message', [
+    ([LayerSpec(DeclaresTwoStashesOne), LayerSpec(nn.Linear, 1, 1), LayerSpec(Pop2)], "'b' must be stashed but have not"),
+    ([LayerSpec(Stash2), LayerSpec(nn.Linear, 1, 1), LayerSpec(DeclaresTwoPopsOne)], "'b' must be popped but have not"),
+])
+def test_the_engine_raises_for_a_declared_skip_a_layer_left_out(layers, message):
+    engine = _engine(layers)
+    data = iter([(torch.ones(2, 1), torch.ones(2, 1))] * 2)
+    try:
+        with pytest.raises(RuntimeError, match=message):
+            engine.train_batch(data)
+    finally:
+        del engine
+        gc.collect()
+
+
+HASH_SEED_SCRIPT = """
+import json, torch
+from torch import nn
+import pipetrain
+from pipetrain.pipe import LayerSpec, PipelineModule
+from pipetrain.skip import pop, skippable, stash
+NAMES = ['alpha', 'beta', 'gamma', 'delta']
+@skippable(stash=NAMES)
+class StashAll(nn.Module):
+    def forward(self, x):
+        for n in NAMES:
+            yield stash(n, x)
+        return x
+@skippable(pop=NAMES)
+class PopAll(nn.Module):
+    def forward(self, x):
+        for n in NAMES:
+            x = x + (yield pop(n))
+        return x
+torch.manual_seed(0)
+layers = [LayerSpec(nn.Linear, 4, 4), LayerSpec(StashAll), LayerSpec(nn.Linear, 4, 4), PopAll(), LayerSpec(nn.Linear, 4, 2)]
+engine, _, _, _ = pipetrain.initialize(model=PipelineModule(layers=layers, num_stages=1, loss_fn=nn.MSELoss()),
+                                       config={'train_batch_size': 4, 'train_micro_batch_size_per_gpu': 2,
+                                               'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}},
+                                               'steps_per_print': 10**6})
+loss = engine.train_batch(iter([(torch.rand(2, 4), torch.rand(2, 2)) for _ in range(2)]))
+print(json.dumps({'unsorted': list(frozenset(NAMES)) != sorted(NAMES), 'loss': float(loss)}))
+"""
+
+
+def test_skippables_with_several_names_train_whatever_the_hash_seed(tmp_path):
+    # Python iterates a skippable's declared names (frozensets) in an order PYTHONHASHSEED picks;
+    # the engine must not depend on it.
+    script = tmp_path / 'seeded.py'
+    script.write_text(HASH_SEED_SCRIPT)
+    reports = []
+    for seed in ('0', '1', '2'):
+        # A fresh rendezvous of its own: not the port an engine of this process left in the environment.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE')}
+        env.update(PYTHONHASHSEED=seed, OMP_NUM_THREADS='1')
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120,
+                                check=False)
+        assert result.returncode == 0, f'PYTHONHASHSEED={seed}:\n{result.stderr[-3000:]}'
+        reports.append(json.loads(result.stdout.splitlines()[-1]))
+    assert sum(r['unsorted'] for r in reports) >= 2  # the seeds do iterate the names out of order
+    assert len({r['loss'] for r in reports}) == 1

@@ -159,6 +159,42 @@ TEST(Skippable, UndeclaredNamesAreErrors) {
   }
 }
 
+TEST(Skippable, EveryDeclaredNameMustBeUsedInEachForward) {
+  // torchgpipe's rule, checked after the layer's forward in a pipeline or not.
+  SkipTracker tracker;
+  TrackerScope scope(tracker);
+  Skippable lazy(std::vector<std::string>{"a", "b"}, std::vector<std::string>{}, [](const torch::Tensor& x, Skips& s) {
+    s.stash("a", x);
+    return x;
+  }, "Lazy");
+  try {
+    lazy->forward(torch::ones({1}));
+    FAIL() << "a declared stash left out";
+  } catch (const ModuleError& e) {
+    EXPECT_THAT(std::string(e.what()), AllOf(HasSubstr("'b' must be stashed but have not"), HasSubstr("layer Lazy")));
+  }
+  tracker.clear();
+  Skippable picky(std::vector<std::string>{}, std::vector<std::string>{"a", "b"}, [](const torch::Tensor& x, Skips& s) {
+    return x + s.pop("a");
+  }, "Picky");
+  tracker.stash({"", "a"}, torch::ones({1}));
+  tracker.stash({"", "b"}, torch::ones({1}));
+  try {
+    picky->forward(torch::ones({1}));
+    FAIL() << "a declared pop left out";
+  } catch (const ModuleError& e) {
+    EXPECT_THAT(std::string(e.what()), AllOf(HasSubstr("'b' must be popped but have not"), HasSubstr("layer Picky")));
+  }
+  EXPECT_EQ(tracker.size(), 0u);  // b does not wait for a later forward
+}
+
+TEST(SkipDeclaration, EqualWhateverTheOrderOfItsNames) {
+  // Python hands over a set's names in an order PYTHONHASHSEED picks.
+  EXPECT_EQ(decl({"a", "b", "c"}, {"x", "y"}), decl({"c", "a", "b"}, {"y", "x"}));
+  EXPECT_NE(decl({"a", "b"}, {}), decl({"a"}, {"b"}));
+  EXPECT_NE(decl({"a", "b"}, {}), decl({"a", "c"}, {}));
+}
+
 TEST(Skippable, TrackerScopesNest) {
   SkipTracker outer, inner;
   TrackerScope a(outer);

@@ -59,6 +59,7 @@ struct SkipDeclaration {
   SkipDeclaration isolated(const Namespace& ns) const;
   // "stash [x], pop [block1/y]"
   std::string describe() const;
+  // The same keys, whatever their order (the order names are declared in carries no meaning).
   bool operator==(const SkipDeclaration& other) const;
   bool operator!=(const SkipDeclaration& other) const { return !(*this == other); }
 };
@@ -75,12 +76,18 @@ class Skips {
   // ModuleError for a name the layer did not declare as popped, or when nothing was stashed.
   // Undefined when the stashing layer stashed an undefined tensor.
   torch::Tensor pop(const std::string& name);
+  // After the layer's forward: every declared stash stashed and every declared pop popped, as
+  // torchgpipe's Skippable checks (ModuleError "'x' must be stashed but have not" / "must be
+  // popped but have not"). A declared pop left in the tracker is dropped first.
+  void check_all_used();
 
  private:
   const SkipKey& key(const std::vector<SkipKey>& keys, const std::string& name, const char* what) const;
 
   const SkippableImpl& layer_;
   SkipTracker& tracker_;
+  std::vector<SkipKey> stashed_;
+  std::vector<SkipKey> popped_;
 };
 
 class SkippableImpl : public torch::nn::Module {

@@ -90,23 +90,34 @@ class Skippable(nn.Module):
             self.namespaces[name] = ns
         return self
 
+    def skip_keys(self):
+        """(stash keys, pop keys), each a sorted list of (namespace name, skip name): the one
+        order in which a skippable's names are handed to the native runtime."""
+        return ([self.namespaced(n) for n in sorted(self.stashable_names)],
+                [self.namespaced(n) for n in sorted(self.poppable_names)])
+
     def forward(self, input):  # pylint: disable=redefined-builtin
         output = self.module(input)
+        stashed, popped = set(), set()
         if not isinstance(output, types.GeneratorType):
-            return output  # a forward without a yield stashes and pops nothing
+            self._check_all_used(stashed, popped)  # a forward without a yield: only if it declares nothing
+            return output
         sent = None
         while True:
             try:
                 request = output.send(sent)
             except StopIteration as done:
+                self._check_all_used(stashed, popped)
                 return done.value
             if isinstance(request, stash):
                 self._check(request.name, self.stashable_names, 'stash')
                 _C.skip_stash(*self.namespaced(request.name), request.tensor)
+                stashed.add(request.name)
                 sent = None
             elif isinstance(request, pop):
                 self._check(request.name, self.poppable_names, 'pop')
                 sent = _C.skip_pop(*self.namespaced(request.name))
+                popped.add(request.name)
             else:
                 raise TypeError(f'{type(self.module).__name__}.forward yielded a {type(request).__name__}; a skippable '
                                 'yields only stash(name, tensor) or pop(name)')
@@ -115,6 +126,25 @@ class Skippable(nn.Module):
         if name not in declared:
             raise ModuleError(f"{type(self).__name__} tried to {verb} '{name}', which it did not declare; "
                               f"add it to @skippable({verb}=[...]) (declared: {sorted(declared)})")
+
+    def _check_all_used(self, stashed, popped):
+        """torchgpipe's rule: each forward stashes every declared stash and pops every declared pop."""
+        not_stashed = sorted(self.stashable_names - stashed)
+        if not_stashed:
+            names = ', '.join(f"'{n}'" for n in not_stashed)
+            raise ModuleError(f'{names} must be stashed but have not: {type(self).__name__} declares '
+                              f'@skippable(stash={sorted(self.stashable_names)}) but its forward did not yield '
+                              f'stash(name, tensor) for them; stash each declared name in every forward (None for an '
+                              'optional skip) or drop it from the declaration')
+        not_popped = sorted(self.poppable_names - popped)
+        if not_popped:
+            for name in not_popped:  # nobody will take them: they must not wait for the next forward
+                if _C.skip_contains(*self.namespaced(name)):
+                    _C.skip_pop(*self.namespaced(name))
+            names = ', '.join(f"'{n}'" for n in not_popped)
+            raise ModuleError(f'{names} must be popped but have not: {type(self).__name__} declares '
+                              f'@skippable(pop={sorted(self.poppable_names)}) but its forward did not yield pop(name) '
+                              'for them; pop each declared name in every forward or drop it from the declaration')
 
 
 def skippable(stash=(), pop=()):  # pylint: disable=redefined-outer-name
