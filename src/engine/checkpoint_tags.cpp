@@ -22,6 +22,20 @@ void check_tag(const std::string& tag) {
   }
 }
 
+// The tag to load: `tag`, or the one <load_dir>/latest names when it is "".
+std::string resolve_tag(const std::string& load_dir, const std::string& tag_in) {
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    tag = latest_tag(load_dir);
+    if (tag.empty()) {
+      throw CheckpointError(load_dir + " has no 'latest' pointer; name a tag, or pass a directory written by "
+                            "save_tagged_checkpoint");
+    }
+  }
+  check_tag(tag);
+  return tag;
+}
+
 }  // namespace
 
 std::string latest_tag(const std::string& save_dir) {
@@ -50,17 +64,13 @@ std::string save_tagged_checkpoint(PipelineEngine& engine, const std::string& sa
   return tag;
 }
 
-int64_t load_tagged_checkpoint(PipelineEngine& engine, const std::string& load_dir, const std::string& tag_in) {
-  std::string tag = tag_in;
-  if (tag.empty()) {
-    tag = latest_tag(load_dir);
-    if (tag.empty()) {
-      throw CheckpointError(load_dir + " has no 'latest' pointer; name a tag, or pass a directory written by "
-                            "save_tagged_checkpoint");
-    }
-  }
-  check_tag(tag);
-  return load_checkpoint(engine, (fs::path(load_dir) / tag).string());
+LoadedCheckpoint load_tagged_checkpoint(PipelineEngine& engine, const std::string& load_dir, const std::string& tag,
+                                        const CheckpointLoadOptions& options) {
+  return load_checkpoint(engine, (fs::path(load_dir) / resolve_tag(load_dir, tag)).string(), options);
+}
+
+int64_t load_tagged_checkpoint(PipelineEngine& engine, const std::string& load_dir, const std::string& tag) {
+  return load_checkpoint(engine, (fs::path(load_dir) / resolve_tag(load_dir, tag)).string());
 }
 
 }  // namespace pipetrain

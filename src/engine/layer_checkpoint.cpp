@@ -354,6 +354,31 @@ void load_module(torch::nn::AnyModule& module, const fs::path& dir, const json& 
   }
 }
 
+// DeepSpeed's load_module_strict=False: what the file and the module share loads, the rest of
+// either side is left alone.
+void load_module_lenient(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  for (auto& p : module.named_parameters(/*recurse=*/false)) archive.try_read(p.key(), p.value());
+  for (auto& b : module.named_buffers(/*recurse=*/false)) archive.try_read(b.key(), b.value(), /*is_buffer=*/true);
+  for (auto& child : module.named_children()) {
+    torch::serialize::InputArchive child_archive;
+    if (archive.try_read(child.key(), child_archive)) load_module_lenient(*child.value(), child_archive);
+  }
+}
+
+void load_module_lenient(torch::nn::AnyModule& module, const fs::path& dir, const json& manifest, int64_t owner,
+                         int64_t layer) {
+  const auto path = verified(dir, layer_entry(dir, manifest, owner));
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path.string());
+    torch::NoGradGuard no_grad;
+    load_module_lenient(*module.ptr(), archive);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("layer {} does not match {}: {}", layer, path.string(),
+                                      e.what_without_backtrace()));
+  }
+}
+
 void check_layers(const json& manifest, size_t layers, const fs::path& dir) {
   const auto stored = manifest.at("layers").get<int64_t>();
   if (stored != static_cast<int64_t>(layers)) {
@@ -410,7 +435,8 @@ void install(const fs::path& partial, const fs::path& dir) {
   fs::remove_all(old);
 }
 
-int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manifest) {
+int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manifest,
+                  const CheckpointLoadOptions& options = {}) {
   check_layers(manifest, engine.module().layers.size(), dir);
   const auto owner = owners(engine.module().layers);
   // A layer the manifest lists no file for is found before any layer loads.
@@ -418,7 +444,15 @@ int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manif
     layer_entry(dir, manifest, owner[static_cast<size_t>(index)]);
   }
   for (auto& [index, module] : engine.local_layers()) {
-    load_module(module, dir, manifest, owner[static_cast<size_t>(index)], index);
+    if (options.strict) {
+      load_module(module, dir, manifest, owner[static_cast<size_t>(index)], index);
+    } else {
+      load_module_lenient(module, dir, manifest, owner[static_cast<size_t>(index)], index);
+    }
+    if (options.module_only || !options.optimizer_states) {
+      detail::cut_loaded_shards(*module.ptr(), engine.optimizer());
+      continue;
+    }
     if (engine.optimizer()) {
       load_optimizer_state(*engine.optimizer(), engine.config().optimizer.type, module, dir, manifest,
                            owner[static_cast<size_t>(index)], index);
@@ -426,6 +460,7 @@ int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manif
     detail::cut_loaded_shards(*module.ptr(), engine.optimizer());
   }
   engine.parameters_changed();
+  if (options.module_only) return manifest.at("step").get<int64_t>();
   restore_rng_if_same_layout(engine, dir, manifest);
   // A run resumed in fp16 continues with the saved scale (one saved in another precision, or
   // before fp16 was on, starts from the config's initial scale).
@@ -569,6 +604,17 @@ int64_t load_checkpoint(PipelineEngine& engine, const std::string& dir_name) {
   fs::path dir(dir_name);
   const auto manifest = read_manifest(dir);
   return load_into(engine, dir, manifest);
+}
+
+LoadedCheckpoint load_checkpoint(PipelineEngine& engine, const std::string& dir_name,
+                                 const CheckpointLoadOptions& options) {
+  fs::path dir(dir_name);
+  const auto manifest = read_manifest(dir);  // resolves dir to dir.old after an interrupted save
+  LoadedCheckpoint loaded;
+  loaded.step = load_into(engine, dir, manifest, options);
+  loaded.dir = dir.string();
+  if (manifest.contains("extra")) loaded.extra = manifest.at("extra").dump();
+  return loaded;
 }
 
 int64_t load_checkpoint(BuiltLayers& layers, const std::string& dir_name, torch::optim::Optimizer* optimizer,

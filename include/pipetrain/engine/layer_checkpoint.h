@@ -54,6 +54,24 @@ std::string save_tagged_checkpoint(PipelineEngine& engine, const std::string& sa
 // Loads <load_dir>/<tag>, or the tag named by <load_dir>/latest when `tag` is "".
 // CheckpointError naming the directory when there is no latest pointer.
 int64_t load_tagged_checkpoint(PipelineEngine& engine, const std::string& load_dir, const std::string& tag = "");
+// What a load restores (DeepSpeed's load_checkpoint flags).
+struct CheckpointLoadOptions {
+  bool strict = true;            // false: entries a layer file lacks, or has beyond the module's, are skipped
+  bool optimizer_states = true;  // false: the optimizer keeps the state it has
+  bool module_only = false;      // true: the layers alone; step, optimizer, RNG and loss scale stay as they are
+};
+// What a load read: the directory it came from (<tag>, or <tag>.old after an interrupted save),
+// the stored step and the manifest's "extra" as JSON text ("" when none).
+struct LoadedCheckpoint {
+  std::string dir;
+  int64_t step = 0;
+  std::string extra;
+};
+// load_checkpoint with options, saying what it read.
+LoadedCheckpoint load_checkpoint(PipelineEngine& engine, const std::string& dir, const CheckpointLoadOptions& options);
+// load_tagged_checkpoint with options ("" = the tag `latest` names), saying what it read.
+LoadedCheckpoint load_tagged_checkpoint(PipelineEngine& engine, const std::string& load_dir, const std::string& tag,
+                                        const CheckpointLoadOptions& options);
 // The tag <save_dir>/latest names, or "" when there is none.
 std::string latest_tag(const std::string& save_dir);
 
