@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "pipetrain/runtime/checkpoint.h"
 #include "pipetrain/runtime/dropout.h"
 #include "pipetrain/runtime/rng.h"
 #include "py_layer.h"
@@ -20,7 +21,50 @@ class Adopting : public Impl {
  public:
   using Impl::Impl;
   void adopt(const std::string& name, const torch::Tensor& tensor) { this->parameters_[name] = tensor; }
+  // An optional parameter the Python module does not have (Linear(bias=False)): the constructor
+  // registers it undefined, and an undefined parameter breaks every loop over parameters().
+  void drop(const std::string& name) {
+    if (this->parameters_.contains(name)) this->parameters_.erase(name);
+  }
 };
+
+// A layer that may work in place on its input (a Python module, ReLU or Dropout with
+// inplace=True), at the start of a stage or of a checkpointed group. There its input can be a
+// leaf that requires grad (a received activation, a recomputed group's input), on which autograd
+// refuses in-place ops, or the input a checkpoint saves for recomputation, which an in-place op
+// would corrupt. Such an input is copied first; DeepSpeed copies every received activation,
+// this only those, and only for such layers. The tensors are the inner module's, under its names.
+class InputGuardImpl : public torch::nn::Module, public BatchLayer {
+ public:
+  explicit InputGuardImpl(torch::nn::AnyModule inner)
+      : torch::nn::Module(inner.ptr()->name()), inner_(std::move(inner)) {
+    auto& m = *inner_.ptr();
+    for (const auto& p : m.named_parameters(false)) register_parameter(p.key(), p.value(), p.value().requires_grad());
+    for (const auto& b : m.named_buffers(false)) register_buffer(b.key(), b.value());
+    for (const auto& c : m.named_children()) register_module(c.key(), c.value());
+  }
+
+  Batch forward_batch(const Batch& input) override {
+    const bool checkpoint = runtime::is_checkpointing() || runtime::is_recomputing();
+    std::vector<torch::Tensor> values;
+    bool copied = false;
+    for (const auto& t : input.tensors()) {
+      const bool guard = t.defined() && ((t.is_leaf() && t.requires_grad()) || checkpoint);
+      values.push_back(guard ? t.clone() : t);
+      copied = copied || guard;
+    }
+    return call_layer(inner_, copied ? input.with(std::move(values)) : input);
+  }
+  torch::Tensor forward(const torch::Tensor& input) { return forward_batch(Batch(input)).tensor(); }
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    inner_.ptr()->train(on);
+  }
+
+ private:
+  torch::nn::AnyModule inner_;
+};
+TORCH_MODULE(InputGuard);
 
 torch::Tensor tensor_of(py::handle value) { return THPVariable_Unpack(value.ptr()); }
 
@@ -50,6 +94,9 @@ LayerPtr linear_layer(py::object source, const std::string& name, py::handle wei
   if (b) {
     impl->bias = *b;
     impl->adopt("bias", *b);
+  } else {
+    impl->bias = torch::Tensor();
+    impl->drop("bias");
   }
   return make_layer(torch::nn::AnyModule(torch::nn::Linear(std::static_pointer_cast<torch::nn::LinearImpl>(impl))),
                     std::move(source), name, true);
@@ -93,6 +140,11 @@ void bind_layers(py::module& m) {
           return make_layer(torch::nn::AnyModule(PySkippable(impl)), module, name, false);
         });
   m.def("linear_layer", &linear_layer);
+  m.def("input_guarded_layer", [](const LayerPtr& layer) {
+    auto guarded = std::make_shared<Layer>(*layer);
+    guarded->module = torch::nn::AnyModule(InputGuard(layer->module));
+    return guarded;
+  }, "The layer, copying an input it could not work on in place first (see InputGuardImpl)");
   m.def("relu_layer", [](py::object source, const std::string& name, bool inplace) {
     return stateless_layer(source, name, torch::nn::ReLU(torch::nn::ReLUOptions().inplace(inplace)));
   });

@@ -9,6 +9,7 @@ namespace pipetrain::python {
 void bind_gpipe(py::module& m);
 void bind_runtime(py::module& m);
 void bind_engine(py::module& m);
+void bind_partition(py::module& m);
 }  // namespace pipetrain::python
 
 PYBIND11_MODULE(_C, m) {
@@ -20,4 +21,5 @@ PYBIND11_MODULE(_C, m) {
   pp::bind_gpipe(m);
   pp::bind_runtime(m);
   pp::bind_engine(m);
+  pp::bind_partition(m);
 }

@@ -22,8 +22,11 @@ using torch::autograd::variable_list;
 // layer's store for backward_weight. The layer outlives the graph (the stage owns both and
 // frees graphs every step), so a raw pointer in saved_data is safe.
 struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction> {
+  // The bias is read from the layer, not passed: LibTorch 1.13's apply() fails on an undefined
+  // tensor argument ("tensor does not have a device"), which a Linear without bias has.
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x2d, torch::Tensor weight,
-                               torch::Tensor bias, DeferredLinear* self, int64_t mb) {
+                               DeferredLinear* self, int64_t mb) {
+    const torch::Tensor& bias = self->layer_->bias;
     ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
     ctx->saved_data["mb"] = mb;
     torch::Tensor y;
@@ -55,7 +58,7 @@ struct DeferredLinearFunction : torch::autograd::Function<DeferredLinearFunction
                                        : gemm(dy, self->layer_->weight, self->kernel_);
       }
     }
-    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -195,7 +198,7 @@ torch::Tensor DeferredLinear::forward(const torch::Tensor& x, int64_t mb) {
   }
   inputs_[mb] = x2d.detach();
   completed_.erase(mb);
-  return DeferredLinearFunction::apply(x2d, weight, bias, this, mb).reshape(out_shape);
+  return DeferredLinearFunction::apply(x2d, weight, this, mb).reshape(out_shape);
 }
 
 void DeferredLinear::input_gradient_done(int64_t mb, const torch::Tensor& dy) {

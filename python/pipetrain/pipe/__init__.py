@@ -11,7 +11,7 @@ working torchrun.
 from .engine import PipelineEngine, RepeatingLoader, init_distributed, initialize
 from .module import PipelineModule
 from .spec import LayerSpec, TiedLayerSpec
-from .topology import PipeDataParallelTopology, ProcessTopology
+from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = ['PipelineModule', 'LayerSpec', 'TiedLayerSpec', 'PipelineEngine', 'initialize', 'init_distributed',
-           'RepeatingLoader', 'PipeDataParallelTopology', 'ProcessTopology']
+           'RepeatingLoader', 'PipeDataParallelTopology', 'PipeModelDataParallelTopology', 'ProcessTopology']

@@ -1,12 +1,15 @@
 """PipelineModule: a model as a list of layers cut into pipeline stages (DeepSpeed's
 PipelineModule), each rank building only the layers of its own stage."""
 import random
+import re
+import warnings
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from .. import _C
-from .._layers import native_layer
+from .._layers import layer_name, native_layer
 from ..errors import ConfigError
 from ..skip.skippable import Skippable
 from .spec import LayerSpec, TiedLayerSpec
@@ -29,7 +32,12 @@ class _Function(nn.Module):
         return f'Function({getattr(self.fn, "__name__", type(self.fn).__name__)})'
 
 
-def _seed_all(seed):
+class PartitionMethodError(ConfigError, NotImplementedError):
+    """A partition_method DeepSpeed does not implement either (it raises NotImplementedError)."""
+
+
+def set_random_seed(seed):
+    """DeepSpeed's ds_utils.set_random_seed: Python's, NumPy's (when installed) and torch's generators."""
     random.seed(seed)
     try:
         import numpy  # pylint: disable=import-outside-toplevel
@@ -39,6 +47,55 @@ def _seed_all(seed):
     torch.manual_seed(seed)
 
 
+def _native_checkpoint_func(fn):
+    """Whether ``fn`` is a checkpoint function pipetrain's own recomputation replaces exactly:
+    DeepSpeed's, torch's or pipetrain's (all recompute the group in backward, same results)."""
+    if fn is None or fn is torch.utils.checkpoint.checkpoint:
+        return True
+    module = getattr(fn, '__module__', '') or ''
+    name = getattr(fn, '__name__', '')
+    return name in ('checkpoint', 'non_reentrant_checkpoint') and (
+        module.startswith('deepspeed.') or module.startswith('pipetrain.') or module == 'torch.utils.checkpoint')
+
+
+def _trainable_count(module):
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def _check_topology(topology, world_size):
+    """The (stages, replicas) of a DeepSpeed topology pipetrain's engine can run, or ConfigError."""
+    for name in ('get_dim', 'get_coord', 'world_size', 'get_axis_names'):
+        if not callable(getattr(topology, name, None)):
+            raise ConfigError(f'topology is a {type(topology).__name__} without {name}(); give a '
+                              'pipetrain.pipe.ProcessTopology (PipeDataParallelTopology(num_pp, num_dp))')
+    if topology.world_size() != world_size:
+        raise ConfigError(f'topology {topology.get_axis_names()} of dims '
+                          f'{[topology.get_dim(a) for a in topology.get_axis_names()]} has '
+                          f'{topology.world_size()} ranks but the job has {world_size} process(es): launch '
+                          f'{topology.world_size()} processes or give a topology of {world_size} ranks')
+    if topology.get_dim('model') > 1:
+        raise ConfigError(f"topology: a 'model' axis of {topology.get_dim('model')}: a Python model has no "
+                          'tensor-parallel layers (pipetrain splits only its own C++ layers); use '
+                          'PipeModelDataParallelTopology(num_pp, num_mp=1, num_dp) or PipeDataParallelTopology')
+    other = [a for a in topology.get_axis_names() if a not in ('pipe', 'data', 'model') and topology.get_dim(a) > 1]
+    if other:
+        raise ConfigError(f'topology axes {other}: pipetrain runs the pipe, data and model axes only')
+    stages = topology.get_dim('pipe') or 1
+    replicas = topology.get_dim('data') or 1
+    # pipetrain's engine places ranks pipe-outermost (rank = stage * replicas + replica), the
+    # order of DeepSpeed's own topologies; another order would need other process groups.
+    for rank in range(world_size):
+        coord = topology.get_coord(rank)
+        stage = getattr(coord, 'pipe', 0)
+        replica = getattr(coord, 'data', 0)
+        if (stage, replica) != divmod(rank, replicas):
+            raise ConfigError(f'topology {topology.get_axis_names()}: rank {rank} is stage {stage}, replica '
+                              f'{replica}, but pipetrain runs ranks pipe-outermost (rank {rank} = stage '
+                              f'{rank // replicas}, replica {rank % replicas}); use axes in the order pipe, data '
+                              '(PipeDataParallelTopology or PipeModelDataParallelTopology)')
+    return stages, replicas
+
+
 class PipelineModule(nn.Module):
     """A sequence of layers for pipetrain's engine (DeepSpeed's ``PipelineModule``).
 
@@ -46,17 +103,23 @@ class PipelineModule(nn.Module):
         layers: LayerSpec, TiedLayerSpec, nn.Module or plain callables, in order.
         num_stages (int): pipeline stages (or give ``topology``); the world size must be a
             multiple of it, the rest being data-parallel replicas.
+        topology (ProcessTopology): the grid of ranks; this rank's stage is its ``pipe``
+            coordinate, its replica its ``data`` one. Axes in the order pipe, data (model of 1).
         loss_fn: ``loss_fn(outputs, labels)`` on the last stage; None: the last layer's output
             is the loss.
-        seed_layers (bool): seed the generator with ``base_seed + layer index`` (``seed_fn``
-            if given) before building each layer, so a layer's weights do not depend on the
-            stage that builds it.
-        partition_method (str): 'parameters' (balanced trainable-parameter counts),
-            'uniform', or 'type:REGEX' (balanced count of layers whose class matches).
-        activation_checkpoint_interval (int): recompute every N layers in backward (0: off).
+        seed_layers (bool): seed the generators with ``base_seed + layer index`` before
+            building each layer (``seed_fn(seed)`` if given), so a layer's weights do not depend
+            on the stage that builds it.
+        partition_method (str): as DeepSpeed, cut for cut: 'parameters' (DeepSpeed's
+            partition_balanced over each layer's trainable-parameter count, 0 for functions),
+            'uniform', or 'type:REGEX' (balanced count of layers whose class name matches).
+        activation_checkpoint_interval (int): recompute groups of N layers in backward (0: off).
+        activation_checkpoint_func: DeepSpeed's or torch's checkpoint (pipetrain recomputes
+            natively, with the same results); another function is refused.
+        checkpointable_layers (list): class names; DeepSpeed skips recomputing groups with
+            other layers (and, without the list, groups without parameters).
 
-    The world comes from the launcher's environment (``pipetrain launch``, mpirun, torchrun):
-    rank r is stage r // (world size / num_stages).
+    The world comes from the launcher's environment (``pipetrain launch``, mpirun, torchrun).
     """
 
     def __init__(self, layers, num_stages=None, topology=None, loss_fn=None, seed_layers=False, seed_fn=None,
@@ -67,40 +130,222 @@ class PipelineModule(nn.Module):
             raise RuntimeError('must provide num_stages or topology')
         self.global_rank, self.world_size, self.local_rank, _ = _C.rank_info()
         if topology is not None:
-            num_stages = topology.get_dim('pipe')
-        num_stages = int(num_stages)
-        if num_stages < 1 or self.world_size % num_stages:
-            raise ConfigError(f'PipelineModule(num_stages={num_stages}) in a world of {self.world_size} process(es): '
-                              'the world must be a multiple of the stages; launch stages x replicas processes, e.g. '
-                              f'`pipetrain launch -n {max(num_stages, 1)} -- python3 script.py`')
+            num_stages, self.dp_world_size = _check_topology(topology, self.world_size)
+            self._topo = topology
+        else:
+            num_stages = int(num_stages)
+            if num_stages < 1 or self.world_size % num_stages:
+                raise ConfigError(f'PipelineModule(num_stages={num_stages}) in a world of {self.world_size} '
+                                  'process(es): the world must be a multiple of the stages; launch stages x '
+                                  f'replicas processes, e.g. `pipetrain launch -n {max(num_stages, 1)} -- python3 '
+                                  'script.py`')
+            self.dp_world_size = self.world_size // num_stages
+            self._topo = PipeDataParallelTopology(num_pp=num_stages, num_dp=self.dp_world_size)
         self.num_stages = num_stages
-        self.dp_world_size = self.world_size // num_stages
-        self._topo = topology or PipeDataParallelTopology(num_pp=num_stages, num_dp=self.dp_world_size)
-        self.stage_id = self.global_rank // self.dp_world_size
+        coord = self._topo.get_coord(self.global_rank)
+        self.stage_id = getattr(coord, 'pipe', 0)
+        self.data_parallel_id = getattr(coord, 'data', 0)
         self._layer_specs = list(layers)
         if not self._layer_specs:
             raise ConfigError('PipelineModule needs at least one layer')
+        for i, spec in enumerate(self._layer_specs):
+            if isinstance(spec, PipelineModule):
+                raise NotImplementedError(f'layer {i} is a PipelineModule: nested pipelines are not supported '
+                                          '(nor in DeepSpeed); give its layers in the list instead')
+            if not (isinstance(spec, (LayerSpec, nn.Module)) or callable(spec)):
+                raise TypeError(f'layer {i} is a {type(spec).__name__}; a PipelineModule takes LayerSpec, '
+                                'TiedLayerSpec, nn.Module or callables')
         self.loss_fn = loss_fn
         self.seed_layers = seed_layers
         self.seed_fn = seed_fn
         self.base_seed = base_seed
         self.partition_method = partition_method
         self.activation_checkpoint_interval = int(activation_checkpoint_interval)
-        if activation_checkpoint_func is not None or checkpointable_layers is not None:
-            raise ConfigError('activation_checkpoint_func and checkpointable_layers are not supported: pipetrain '
-                              'checkpoints every activation_checkpoint_interval layers with its own recomputation')
+        if self.activation_checkpoint_interval < 0:
+            raise ConfigError(f'activation_checkpoint_interval={activation_checkpoint_interval}: give 0 (off) or '
+                              'a number of layers')
+        if self.activation_checkpoint_interval and not _native_checkpoint_func(activation_checkpoint_func):
+            raise ConfigError(f'activation_checkpoint_func={activation_checkpoint_func!r}: pipetrain recomputes '
+                              'checkpointed groups natively and can stand in only for deepspeed.checkpointing.'
+                              'checkpoint or torch.utils.checkpoint.checkpoint; leave it at its default')
+        self.activation_checkpoint_func = activation_checkpoint_func
+        if checkpointable_layers is not None and not isinstance(checkpointable_layers, list):
+            raise ConfigError(f'checkpointable_layers is a {type(checkpointable_layers).__name__}: give a list of '
+                              'layer class names')
+        self.checkpointable_layers = checkpointable_layers
         self.tied_modules = nn.ModuleDict()
         self.tied_weight_attrs = {}
-        self._place(self.num_stages, [self.stage_id])
+        self.local_layers = {}
+        self.parts = self._partition(self.num_stages)
+        self.balance = [b - a for a, b in zip(self.parts, self.parts[1:])]
+        self.virtual_stages = [self.stage_id]
+        self._build_local()
 
-    # -- partitioning and building ------------------------------------------------------------
-    def _type_name(self, index):
-        spec = self._layer_specs[index]
+    # -- partitioning (DeepSpeed's, cut for cut) --------------------------------------------------
+    def _count_layer_params(self):
+        """Trainable parameters per layer, as DeepSpeed counts them: a LayerSpec is built to count
+        (drawing from the generators as DeepSpeed's build does), a function counts 0."""
+        counts = []
+        for spec in self._layer_specs:
+            if isinstance(spec, LayerSpec):
+                counts.append(_trainable_count(spec.build()))
+            elif isinstance(spec, nn.Module):
+                counts.append(_trainable_count(spec))
+            else:
+                counts.append(0)
+        return counts
+
+    def _layer_type_name(self, spec):
         if isinstance(spec, LayerSpec):
             return spec.typename.__name__
         if isinstance(spec, nn.Module):
             return type(spec).__name__
-        return getattr(spec, '__name__', type(spec).__name__)
+        return getattr(spec, '__name__', None)
+
+    def _type_weights(self, pattern):
+        try:
+            regex = re.compile(pattern, re.IGNORECASE)
+        except re.error as e:
+            raise ConfigError(f"partition_method 'type:{pattern}': {e}; give a Python regex of layer class "
+                              "names, e.g. 'type:transformer'") from e
+        names = [self._layer_type_name(s) for s in self._layer_specs]
+        weights = [1 if n is not None and regex.search(n) else 0 for n in names]
+        if not any(weights):
+            raise ConfigError(f"partition_method 'type:{pattern}' matches no layer (class names: "
+                              f"{sorted({n for n in names if n})}); pick a pattern that matches the layers to balance")
+        return weights
+
+    def _partition(self, parts):
+        """The boundaries of ``parts`` parts (DeepSpeed's ``parts``: [0, ..., len(layers)])."""
+        method = self.partition_method
+        if not isinstance(method, str):
+            raise ConfigError(f'partition_method {method!r}: use parameters, uniform or type:REGEX')
+        method = method.lower()  # as DeepSpeed (the type regex matches ignoring case anyway)
+        n = len(self._layer_specs)
+        if method == 'uniform':
+            balance = _C.deepspeed_partition_uniform(n, parts)
+        elif method == 'parameters':
+            balance = _C.deepspeed_partition_balanced([float(c) for c in self._count_layer_params()], parts)
+        elif method.startswith('type:'):
+            balance = _C.deepspeed_partition_balanced([float(w) for w in self._type_weights(method.split(':')[1])],
+                                                      parts)
+        elif method == 'profile':
+            raise PartitionMethodError("partition_method 'profile' is not implemented (nor in DeepSpeed): use "
+                                       "'parameters', 'uniform' or 'type:REGEX'; pipetrain's GPipe balances by "
+                                       'measured time with pipetrain.balance.balance_by_time')
+        else:
+            raise PartitionMethodError(f'partition_method {self.partition_method!r} is not implemented: use '
+                                       "'parameters', 'uniform' or 'type:REGEX'")
+        offsets = [0]
+        for b in balance:
+            offsets.append(offsets[-1] + b)
+        return offsets
+
+    # -- building this rank's layers -----------------------------------------------------------------
+    def _make(self, index):
+        """Layer ``index`` as a module (tied layers: their shared module, made once per rank)."""
+        spec = self._layer_specs[index]
+        if self.seed_layers:
+            (self.seed_fn or set_random_seed)(self.base_seed + index)
+        if isinstance(spec, TiedLayerSpec):
+            if spec.key not in self.tied_modules:
+                self.tied_modules[spec.key] = spec.build()
+                self.tied_weight_attrs[spec.key] = spec.tied_weight_attr
+            return self.tied_modules[spec.key]
+        if isinstance(spec, LayerSpec):
+            module = spec.build()
+        elif isinstance(spec, nn.Module):
+            module = spec
+        else:
+            module = _Function(spec)
+        return module
+
+    def _build_local(self, keep=None):
+        """Builds the layers of this rank's parts; a layer in ``keep`` (index -> module, built
+        before) stays the module it is, with whatever was loaded into it or frozen since."""
+        keep = keep or {}
+        self.local_layers = {}
+        for v in self.virtual_stages:
+            for i in range(self.parts[v], self.parts[v + 1]):
+                spec = self._layer_specs[i]
+                if i in keep:
+                    module = keep[i]
+                    if isinstance(spec, TiedLayerSpec) and spec.key not in self.tied_modules:
+                        self.tied_modules[spec.key] = module
+                        self.tied_weight_attrs[spec.key] = spec.tied_weight_attr
+                else:
+                    module = self._make(i)
+                self.local_layers[i] = module
+                if not isinstance(spec, TiedLayerSpec):
+                    self.add_module(str(i), module)
+        self._local_start = self.parts[self.virtual_stages[0]]
+        self._local_stop = self.parts[self.virtual_stages[0] + 1]
+
+    def place_for_schedule(self, parts, virtual_stages):
+        """Places the layers for a schedule whose stages hold several parts each (interleaved and
+        V-shaped ones). Layers that stay on this rank stay the same modules (weights loaded or
+        frozen after construction are kept); only the layers new to it are built."""
+        if parts == len(self.balance) and list(virtual_stages) == self.virtual_stages:
+            return
+        old = dict(self.local_layers)
+        tied_old = {key: module for key, module in self.tied_modules.items()}
+        for name in list(self._modules):
+            if name.isdigit():
+                del self._modules[name]
+        self.tied_modules = nn.ModuleDict()
+        self.tied_weight_attrs = {}
+        self.parts = self._partition(parts)
+        self.balance = [b - a for a, b in zip(self.parts, self.parts[1:])]
+        self.virtual_stages = list(virtual_stages)
+        keep = {}
+        for v in self.virtual_stages:
+            for i in range(self.parts[v], self.parts[v + 1]):
+                spec = self._layer_specs[i]
+                if i in old:
+                    keep[i] = old[i]
+                elif isinstance(spec, TiedLayerSpec) and spec.key in tied_old:
+                    keep[i] = tied_old[spec.key]
+        self._build_local(keep)
+
+    # -- what the native engine runs ---------------------------------------------------------------
+    def _group_starts(self):
+        """The layers that can receive an input autograd or a checkpoint still needs: each part's
+        first layer and, under activation checkpointing, each group's first (counted from the
+        part's start, as DeepSpeed counts from its stage's)."""
+        starts = set()
+        step = self.activation_checkpoint_interval
+        for v in self.virtual_stages:
+            begin, end = self.parts[v], self.parts[v + 1]
+            starts.update(range(begin, end, step) if step > 0 else [begin])
+        return starts
+
+    def _guarded(self, index, layer):
+        """``layer`` (a pipetrain._C.Layer made for layer ``index``), copying its input first where
+        it may work in place on a tensor autograd or a checkpoint still needs (see _group_starts):
+        DeepSpeed clones every received activation; this copies only there, only for Python
+        layers and in-place ReLU / Dropout."""
+        spec = self._layer_specs[index]
+        module = self.local_layers.get(index)
+        if isinstance(spec, TiedLayerSpec) or module is None or index not in self._group_starts():
+            return layer
+        may_work_in_place = getattr(module, 'inplace', False) if layer.native else not isinstance(module, Skippable)
+        return _C.input_guarded_layer(layer) if may_work_in_place else layer
+
+    def runtime_layers(self):
+        """``layers[i]``: this rank's layer ``i`` as a pipetrain._C.Layer, None on other ranks. A
+        tied module is one Layer wherever its key recurs on this rank."""
+        layers = [None] * len(self._layer_specs)
+        by_module = {}
+        for i in sorted(self.local_layers):
+            module = self.local_layers[i]
+            if id(module) not in by_module:
+                by_module[id(module)] = native_layer(module, layer_name(i, module))
+            layers[i] = by_module[id(module)]
+        return layers
+
+    def _type_name(self, index):
+        name = self._layer_type_name(self._layer_specs[index])
+        return name or type(self._layer_specs[index]).__name__
 
     def _skips(self, index):
         spec = self._layer_specs[index]
@@ -112,84 +357,20 @@ class PipelineModule(nn.Module):
                     [('', n) for n in sorted(spec.typename.poppable_names)])
         return [], []
 
-    def _make(self, index):
-        """Layer ``index`` as a fresh module (tied layers: their shared module, made once)."""
-        spec = self._layer_specs[index]
-        if isinstance(spec, TiedLayerSpec) and spec.key in self.tied_modules:
-            return self.tied_modules[spec.key]
-        if self.seed_layers:
-            (self.seed_fn or _seed_all)(self.base_seed + index)
-        if isinstance(spec, LayerSpec):
-            module = spec.build()
-        elif isinstance(spec, nn.Module):
-            module = spec
-        elif callable(spec):
-            module = _Function(spec)
-        else:
-            raise TypeError(f'layer {index} is a {type(spec).__name__}; a PipelineModule takes LayerSpec, '
-                            'TiedLayerSpec, nn.Module or callables')
-        if isinstance(spec, TiedLayerSpec):
-            self.tied_modules[spec.key] = module
-            self.tied_weight_attrs[spec.key] = spec.tied_weight_attr
-        return module
-
     def spec_tuples(self, layers):
         """The layer list as the native engine takes it: ``layers[i]`` is a pipetrain._C.Layer,
-        a callable making one, or None (another rank's layer)."""
+        a callable making one, or None (another rank's layer). Layers that may work in place on
+        their input get the input guard where they need it."""
         out = []
         for i, spec in enumerate(self._layer_specs):
             key = spec.key if isinstance(spec, TiedLayerSpec) else ''
             forward = spec.forward_fn if isinstance(spec, TiedLayerSpec) else None
             stash, pop = self._skips(i)
-            out.append((self._type_name(i), self._type_name(i), key, layers[i], forward, stash, pop))
+            layer = layers[i]
+            if isinstance(layer, _C.Layer):
+                layer = self._guarded(i, layer)
+            out.append((self._type_name(i), self._type_name(i), key, layer, forward, stash, pop))
         return out
-
-    def _count_builder(self, index):
-        """Builds layer ``index`` apart from the model, to count its parameters (unseeded: the
-        engine puts the generator back after counting)."""
-        def build():
-            spec = self._layer_specs[index]
-            if isinstance(spec, LayerSpec):
-                module = spec.build()
-            else:
-                module = spec if isinstance(spec, nn.Module) else _Function(spec)
-            return native_layer(module, f'layer {index}')
-        return build
-
-    def _place(self, parts, virtual_stages):
-        """Cuts the layers into ``parts`` parts and builds those in ``virtual_stages`` (this stage's)."""
-        method = self.partition_method
-        if not isinstance(method, str):
-            raise ConfigError(f'partition_method {method!r}: use parameters, uniform or type:REGEX')
-        method = 'type:' + method[5:] if method.lower().startswith('type:') else method.lower()
-        builders = [self._count_builder(i) for i in range(len(self._layer_specs))]
-        balance = _C.partition_layers(self.spec_tuples(builders), method, [], parts)
-        offsets = [0]
-        for b in balance:
-            offsets.append(offsets[-1] + b)
-        for name in list(self._modules):
-            if name.isdigit():  # the layers built before; the loss (a module too) stays
-                del self._modules[name]
-        self.tied_modules = nn.ModuleDict()
-        self.tied_weight_attrs = {}
-        self.parts = offsets
-        self.balance = balance
-        self.virtual_stages = list(virtual_stages)
-        self.local_layers = {}
-        for v in virtual_stages:
-            for i in range(offsets[v], offsets[v + 1]):
-                module = self._make(i)
-                self.local_layers[i] = module
-                if not isinstance(self._layer_specs[i], TiedLayerSpec):
-                    self.add_module(str(i), module)
-        self._local_start = offsets[virtual_stages[0]]
-        self._local_stop = offsets[virtual_stages[0] + 1]
-
-    def place_for_schedule(self, parts, virtual_stages):
-        """Rebuilds for a schedule whose stages hold other parts (interleaved and V-shaped ones);
-        nothing when they are already these."""
-        if parts != len(self.balance) or list(virtual_stages) != self.virtual_stages:
-            self._place(parts, virtual_stages)
 
     # -- DeepSpeed's accessors -------------------------------------------------------------------
     def topology(self):
@@ -197,6 +378,9 @@ class PipelineModule(nn.Module):
 
     def num_pipeline_stages(self):
         return self.num_stages
+
+    def partitions(self):
+        return self.parts
 
     def stage_owner(self, layer_idx):
         if not 0 <= layer_idx < len(self._layer_specs):
@@ -219,4 +403,3 @@ class PipelineModule(nn.Module):
 
     def __len__(self):
         return len(self._layer_specs)
-
