@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <mutex>
 
 #include "batch_convert.h"
@@ -13,8 +14,10 @@
 #include "layer.h"
 #include "pipetrain/comm/rank_info.h"
 #include "pipetrain/engine/layer_checkpoint.h"
+#include "pipetrain/engine/deepspeed_import.h"
 #include "pipetrain/engine/pipeline_engine.h"
 #include "pipetrain/error.h"
+#include "pipetrain/util/tensorboard.h"
 
 namespace pipetrain::python {
 namespace {
@@ -91,9 +94,16 @@ LossFn make_loss(const std::string& kind, py::object fn) {
   };
 }
 
+// Python reads DeepSpeed configs as DeepSpeed does (unknown top-level keys are a warning, which
+// check_config hands to Python once; the parses here keep theirs quiet).
+EngineConfig read_config(const std::string& config_json) {
+  return EngineConfig::from_json_text(config_json, "the DeepSpeed config", ConfigWarnings::DeepSpeed);
+}
+
 EngineConfig engine_config(const std::string& config_json, const std::vector<int64_t>& balance, int64_t stages,
-                           int64_t checkpoint_interval) {
-  EngineConfig config = EngineConfig::from_json_text(config_json, "the DeepSpeed config");
+                           int64_t checkpoint_interval, bool external_optimizer) {
+  EngineConfig config = read_config(config_json);
+  config.optimizer.external = external_optimizer;
   config.pipeline.partition_method = "balance";
   config.pipeline.balance = balance;
   config.pipeline.stages = stages;
@@ -127,8 +137,9 @@ void release_communicator() {
 class NativeEngine {
  public:
   NativeEngine(const py::list& specs, const std::string& loss_kind, py::object loss, const std::string& config_json,
-               const std::vector<int64_t>& balance, int64_t stages, int64_t checkpoint_interval) {
-    EngineConfig config = engine_config(config_json, balance, stages, checkpoint_interval);
+               const std::vector<int64_t>& balance, int64_t stages, int64_t checkpoint_interval,
+               bool external_optimizer) {
+    EngineConfig config = engine_config(config_json, balance, stages, checkpoint_interval, external_optimizer);
     PipelineModule module;
     module.layers = to_specs(specs);
     module.loss = make_loss(loss_kind, std::move(loss));
@@ -158,19 +169,45 @@ class NativeEngine {
     }
     py::list outputs;
     for (const auto& b : result.outputs) outputs.append(from_batch(b));
-    return py::make_tuple(result.loss, outputs);
+    py::list labels;  // for the per-micro-batch losses of eval_batch(reduce_output=None)
+    for (const auto& b : result.labels) labels.append(from_batch(b));
+    return py::make_tuple(result.loss, outputs, labels);
   }
 
-  std::string save(const std::string& dir, const std::string& tag, const std::string& extra) {
+  // Returns the tag written; without `save_latest` the `latest` pointer stays where it was.
+  std::string save(const std::string& dir, const std::string& tag, const std::string& extra, bool save_latest) {
     py::gil_scoped_release release;
-    return save_tagged_checkpoint(*engine_, dir, tag, extra);
+    if (save_latest) return save_tagged_checkpoint(*engine_, dir, tag, extra);
+    const std::string name = tag.empty() ? fmt::format("global_step{}", engine_->global_steps()) : tag;
+    if (name == "." || name == ".." || name.find('/') != std::string::npos) {
+      throw CheckpointError("checkpoint tag \"" + name + "\" must be a plain directory name (no '/', not '.' or '..')");
+    }
+    std::filesystem::create_directories(dir);
+    save_checkpoint(*engine_, (std::filesystem::path(dir) / name).string(), extra);  // collective
+    return name;
   }
 
-  int64_t load(const std::string& dir, const std::string& tag) {
+  // (directory read, step, manifest "extra" as JSON text or ""): the native side alone reads
+  // the manifest, including when it fell back to <tag>.old.
+  py::tuple load(const std::string& dir, const std::string& tag, bool strict, bool optimizer_states,
+                 bool module_only) {
+    CheckpointLoadOptions options;
+    options.strict = strict;
+    options.optimizer_states = optimizer_states;
+    options.module_only = module_only;
+    LoadedCheckpoint loaded;
+    {
+      py::gil_scoped_release release;
+      loaded = load_tagged_checkpoint(*engine_, dir, tag, options);
+    }
+    return py::make_tuple(loaded.dir, loaded.step, loaded.extra);
+  }
+
+  // A checkpoint DeepSpeed wrote (layer_XX-model_states.pt): this rank's layers; returns the tag
+  // directory read.
+  std::string load_deepspeed(const std::string& dir) {
     py::gil_scoped_release release;
-    const int64_t step = load_tagged_checkpoint(*engine_, dir, tag);
-    engine_->set_global_steps(step);
-    return step;
+    return load_deepspeed_checkpoint(*engine_, dir);
   }
 
   py::dict last_step() const {
@@ -210,7 +247,7 @@ void bind_engine(py::module& m) {
     return partition_layers(to_specs(specs), pipeline, parts);
   }, py::arg("specs"), py::arg("method"), py::arg("balance"), py::arg("parts"));
   m.def("train_layout", [](const std::string& config_json, int stages, int64_t replicas) {
-    EngineConfig config = EngineConfig::from_json_text(config_json, "the DeepSpeed config", ConfigWarnings::Collect);
+    EngineConfig config = read_config(config_json);
     // The schedule depends on the micro-batch count, which DeepSpeed derives from the others.
     config.resolve_batch_sizes(replicas);
     const auto layout = train_schedule_for(config, stages).layout;
@@ -223,23 +260,40 @@ void bind_engine(py::module& m) {
   m.def("release_communicator", &release_communicator,
         "Drops the process's connection to its peers (at exit; a later engine connects again)");
   m.def("latest_tag", &latest_tag, "The tag <save_dir>/latest names, or \"\" when there is none");
-  m.def("check_config", [](const std::string& config_json) {
-    return EngineConfig::from_json_text(config_json, "the DeepSpeed config", ConfigWarnings::Collect).warnings;
-  });
+  m.def("check_config", [](const std::string& config_json) { return read_config(config_json).warnings; },
+        "The warnings of a DeepSpeed config (ConfigError when it cannot run)");
+  m.def("is_deepspeed_checkpoint", [](const std::string& dir) {
+    try {
+      deepspeed_tag_dir(dir);
+      return true;
+    } catch (const CheckpointError&) {
+      return false;
+    }
+  }, "Whether `dir` (a tag directory, or its parent with `latest`) holds DeepSpeed layer files");
+
+  py::class_<util::TensorBoardWriter>(m, "TensorBoardWriter", "TensorBoard event files (the config's tensorboard)")
+      .def(py::init<const std::string&>(), py::arg("dir"))
+      .def("add_scalar", py::overload_cast<const std::string&, double, int64_t>(&util::TensorBoardWriter::add_scalar))
+      .def("flush", &util::TensorBoardWriter::flush)
+      .def_property_readonly("path", [](const util::TensorBoardWriter& w) { return w.path().string(); });
 
   py::class_<NativeEngine>(m, "Engine", "The native PipelineEngine (see pipetrain.initialize).")
       .def(py::init<const py::list&, const std::string&, py::object, const std::string&, const std::vector<int64_t>&,
-                    int64_t, int64_t>(),
+                    int64_t, int64_t, bool>(),
            py::arg("specs"), py::arg("loss_kind"), py::arg("loss"), py::arg("config"), py::arg("balance"),
-           py::arg("stages"), py::arg("checkpoint_interval"))
+           py::arg("stages"), py::arg("checkpoint_interval"), py::arg("external_optimizer") = false)
       .def("train_batch", &NativeEngine::train_batch)
       .def("eval_batch", &NativeEngine::eval_batch, py::arg("iterator"), py::arg("return_outputs"),
            py::arg("micro_batches"))
       .def("save", &NativeEngine::save)
-      .def("load", &NativeEngine::load)
+      .def("load", &NativeEngine::load, py::arg("dir"), py::arg("tag"), py::arg("strict") = true,
+           py::arg("optimizer_states") = true, py::arg("module_only") = false)
+      .def("load_deepspeed", &NativeEngine::load_deepspeed)
       .def("last_step", &NativeEngine::last_step)
       .def_property_readonly("stage", [](NativeEngine& e) { return e.engine().stage(); })
       .def_property_readonly("num_stages", [](NativeEngine& e) { return e.engine().num_stages(); })
+      .def_property_readonly("device", [](NativeEngine& e) { return e.engine().device().str(); })
+      .def_property_readonly("local_rank", [](NativeEngine& e) { return e.engine().communicator().local_rank(); })
       .def_property_readonly("replica", [](NativeEngine& e) { return e.engine().replica(); })
       .def_property_readonly("num_replicas", [](NativeEngine& e) { return e.engine().num_replicas(); })
       .def_property_readonly("rank", [](NativeEngine& e) { return e.engine().communicator().rank(); })
@@ -247,6 +301,10 @@ void bind_engine(py::module& m) {
       .def_property_readonly("micro_batches", [](NativeEngine& e) { return e.engine().micro_batches(); })
       .def_property_readonly("global_steps", [](NativeEngine& e) { return e.engine().global_steps(); })
       .def("set_global_steps", [](NativeEngine& e, int64_t s) { e.engine().set_global_steps(s); })
+      .def("set_scheduler_start", [](NativeEngine& e, int64_t s) { e.engine().set_scheduler_start(s); })
+      .def_property_readonly("next_lr", [](NativeEngine& e) { return e.engine().next_lr(); })
+      .def("set_gradient_accumulation_steps",
+           [](NativeEngine& e, int64_t s) { e.engine().set_gradient_accumulation_steps(s); })
       .def_property_readonly("balance", [](NativeEngine& e) { return e.engine().balance(); })
       .def_property_readonly("config", [](NativeEngine& e) { return e.engine().config().to_json_text(); })
       .def_property_readonly("train_micro_batch_size",
