@@ -144,6 +144,7 @@ class GPipe(nn.Module):
         checkpoint = str(checkpoint)
         if balance is None:
             raise ValueError(recommend_auto_balance('balance is required'))
+        balance = list(balance)  # once: any iterable, a generator included, as torchgpipe takes it
         if chunks <= 0:
             raise ValueError('number of chunks must be positive integer')
         if checkpoint not in ['always', 'except_last', 'never']:
@@ -155,7 +156,7 @@ class GPipe(nn.Module):
         if deferred_batch_norm:
             module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
         if devices is None:
-            devices = _default_devices(len(list(balance)))
+            devices = _default_devices(len(balance))
         devices = [torch.device(d) for d in devices]
         try:
             self.partitions, self.balance, self.devices = split_module(module, balance, devices)

@@ -80,6 +80,8 @@ class Skippable(nn.Module):
         if not isinstance(ns, Namespace):
             raise TypeError(f'isolate takes a pipetrain.skip.Namespace, got {type(ns).__name__}')
         names = self.stashable_names | self.poppable_names
+        if isinstance(only, str):
+            only = [only]  # one name (torchgpipe's docstring writes only='alice')
         if only is not None:
             unknown = sorted(set(only) - names)
             if unknown:
