@@ -13,7 +13,7 @@ import pipetrain.pipe.module as module_py
 from conftest import launch
 from pipetrain.errors import ConfigError
 from pipetrain.pipe import (LayerSpec, PipeDataParallelTopology, PipeModelDataParallelTopology, PipelineModule,
-                            ProcessTopology)
+                            ProcessTopology, TiedLayerSpec)
 import pipeline_module_cases
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -123,6 +123,29 @@ def test_checkpoint_arguments(world):
         PipelineModule(layers, num_stages=1, activation_checkpoint_interval=1, activation_checkpoint_func=my_checkpoint)
     with pytest.raises(ConfigError, match='checkpointable_layers is a str'):
         PipelineModule(layers, num_stages=1, checkpointable_layers='Linear')
+
+
+def test_tied_weight_attr_must_cover_what_pipetrain_ties_across_stages(world):
+    def layers(attr):
+        return [TiedLayerSpec('proj', nn.Linear, 4, 4, tied_weight_attr=attr), LayerSpec(nn.ReLU),
+                LayerSpec(nn.Linear, 4, 4), TiedLayerSpec('proj', nn.Linear, 4, 4, tied_weight_attr=attr)]
+    world(2)
+    # DeepSpeed would keep each stage's bias apart; pipetrain ties whole modules: refused.
+    with pytest.raises(ConfigError, match=r"ties \['weight'\] of a Linear .* also has \['bias'\]"):
+        PipelineModule(layers('weight'), num_stages=2, partition_method='uniform')
+    with pytest.warns(UserWarning, match=r"tied_weight_attr \['scale'\] is not a parameter"):
+        PipelineModule(layers(['weight', 'scale']), num_stages=2, partition_method='uniform')
+    model = PipelineModule(layers(['weight', 'bias']), num_stages=2, partition_method='uniform')
+    assert model.tied_weight_attrs == {'proj': ['weight', 'bias']}
+    world(1)  # one stage: one module for both uses, in DeepSpeed as here
+    PipelineModule(layers('weight'), num_stages=1)
+
+
+def test_checkpointable_layers_warns_that_every_group_is_recomputed(world):
+    world(1)
+    with pytest.warns(UserWarning, match=r"checkpointable_layers=\['Linear'\]: pipetrain recomputes every group"):
+        PipelineModule([nn.Linear(2, 2), nn.ReLU()], num_stages=1, activation_checkpoint_interval=1,
+                       checkpointable_layers=['Linear'])
 
 
 def test_seed_fn_gets_base_seed_plus_the_index_of_each_layer_built_here(world):

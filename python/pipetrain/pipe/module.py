@@ -178,8 +178,43 @@ class PipelineModule(nn.Module):
         self.local_layers = {}
         self.parts = self._partition(self.num_stages)
         self.balance = [b - a for a, b in zip(self.parts, self.parts[1:])]
+        self._check_tied_weight_attrs()
+        if checkpointable_layers is not None and self.activation_checkpoint_interval:
+            warnings.warn(f'checkpointable_layers={checkpointable_layers}: pipetrain recomputes every group of '
+                          f'{self.activation_checkpoint_interval} layer(s); DeepSpeed would skip the groups with '
+                          'other layers. The gradients are the same, only memory and time differ', stacklevel=2)
         self.virtual_stages = [self.stage_id]
         self._build_local()
+
+    def _check_tied_weight_attrs(self):
+        """pipetrain's engine ties a key's whole module across stages; DeepSpeed ties only
+        ``tied_weight_attr``. They agree when the attributes are all the module's parameters, or
+        when every use of the key is on one stage (one module there in both): else refused."""
+        keys = {}
+        for i, spec in enumerate(self._layer_specs):
+            if isinstance(spec, TiedLayerSpec):
+                keys.setdefault(spec.key, []).append(i)
+        for key, uses in keys.items():
+            spec = self._layer_specs[uses[0]]
+            attrs = [spec.tied_weight_attr] if isinstance(spec.tied_weight_attr, str) else list(spec.tied_weight_attr)
+            if len({self.stage_owner(i) for i in uses}) < 2:
+                continue
+            with torch.random.fork_rng(devices=[]):
+                module = spec.build()
+            names = [n for n, _ in module.named_parameters()]
+            missing = [a for a in attrs if a not in names]
+            if missing:
+                # DeepSpeed fails on these (getattr at its first broadcast); the whole module is tied.
+                warnings.warn(f'TiedLayerSpec {key!r}: tied_weight_attr {missing} is not a parameter of '
+                              f'{type(module).__name__} (its parameters: {names}); pipetrain ties all of them',
+                              stacklevel=3)
+                continue
+            untied = [n for n in names if n not in attrs]
+            if untied:
+                raise ConfigError(f'TiedLayerSpec {key!r} ties {attrs} of a {type(module).__name__} used on stages '
+                                  f'{sorted({self.stage_owner(i) for i in uses})}, which also has {untied}: '
+                                  'DeepSpeed keeps those apart per stage, pipetrain ties the whole module. Tie '
+                                  f'all of them (tied_weight_attr={names}) or move {untied} into a layer of its own')
 
     # -- partitioning (DeepSpeed's, cut for cut) --------------------------------------------------
     def _count_layer_params(self):
