@@ -137,9 +137,26 @@ def test_is_checkpointing_and_is_recomputing_inside_layers(mode, forward_flags, 
     assert seen[2:] == [(False, True)] * recomputed
     assert (is_checkpointing(), is_recomputing()) == (False, False)  # outside a layer
     seen.clear()
+    with torch.no_grad():
+        model(torch.rand(4, 2))
+    assert seen == [(False, False)] * 2  # without autograd nothing is checkpointed
+    seen.clear()
     model.eval()
     model(torch.rand(4, 2))
     assert seen == [(False, False)] * 2  # evaluation checkpoints nothing
+
+
+def test_except_last_leaves_the_last_micro_batch_that_exists_unchecked():
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append(is_checkpointing())
+            return x
+
+    model = GPipe(nn.Sequential(Probe()), [1], devices=['cpu'], chunks=4, checkpoint='except_last')
+    model(torch.rand(2, 2, requires_grad=True))
+    assert seen == [True, False]  # 2 micro-batches of 4 chunks (torchgpipe: both checkpointed)
 
 
 # -- deferred batch norm ------------------------------------------------------------------------
@@ -243,6 +260,18 @@ def test_balance_functions_take_torchgpipes_arguments():
     assert len(balance) == 2 and sum(balance) == 3
     with pytest.raises(TypeError):
         balance_by_time(2, model, torch.rand(10, 3, 8, 8), 1.0)  # timeout is keyword-only
+
+
+def test_balance_cost_splits_as_torchgpipes_blockpartition_and_refuses_what_it_refuses():
+    from pipetrain.balance import balance_cost  # pylint: disable=import-outside-toplevel
+    assert balance_cost([1, 2, 3, 4, 5, 6], 2) == [4, 2]
+    assert balance_cost([0, 0], 2) == [1, 1]
+    model = nn.Sequential(*linears(2))
+    for partitions in (0, -1, 3):  # non-positive, or more partitions than layers
+        with pytest.raises(ValueError, match='cannot split 2 layers'):
+            balance_by_time(partitions, model, torch.rand(2, 2), timeout=0.01, device='cpu')
+    with pytest.raises(ValueError):
+        balance_cost([], 1)
 
 
 def test_balance_by_time_leaves_existing_gradients_alone():
