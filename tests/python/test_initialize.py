@@ -274,3 +274,22 @@ def test_the_native_optimizer_stands_in_with_its_learning_rate():
     with pytest.raises(pipetrain.UsageError, match='inside train_batch'):
         optimizer.step()
     del engine
+
+
+@pytest.mark.parametrize('extra', [{'gradient_clipping': 0.05}, {'bf16': {'enabled': True}}],
+                         ids=['clipped', 'bf16'])
+def test_a_client_optimizer_steps_after_the_engine_clips_and_unscales_as_its_own_optimizer_would(extra):
+    data = batches(3)
+    results = []
+    for client in (False, True):
+        module = make_module()
+        cfg = base_config(optimizer={'type': 'SGD', 'params': {'lr': 0.1, 'momentum': 0.9}}, **extra)
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9) if client else None
+        engine, _, _, _ = pipetrain.initialize(model=module, optimizer=optimizer, config=cfg)
+        for step in range(3):
+            engine.train_batch(iter(data[step * ACCUMULATION:(step + 1) * ACCUMULATION]))
+        results.append([p.detach().clone() for p in module.parameters()])
+        del engine
+        gc.collect()
+    for native, python in zip(*results):
+        torch.testing.assert_close(python, native, rtol=1e-5, atol=1e-6)
