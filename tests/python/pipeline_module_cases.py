@@ -37,6 +37,20 @@ def layers(model):
     return out
 
 
+def load_and_freeze(layers_by_index):
+    """What a script may do between PipelineModule(...) and initialize: load weights into its
+    layers and freeze one (layer 0's weight)."""
+    for index, layer in layers_by_index.items():
+        if not isinstance(layer, nn.Module):
+            continue
+        g = torch.Generator().manual_seed(900 + index)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        if index == 0:
+            layer.weight.requires_grad_(False)
+
+
 def micro_batch(index, rows=2):
     g = torch.Generator().manual_seed(500 + index)
     return torch.randn(rows, 8, generator=g), torch.randn(rows, 4, generator=g)
@@ -54,7 +68,9 @@ def config(case):
 def oracle(case, steps):
     """Losses per step and the final state of each layer, trained in one process."""
     built = layers(case['model'])
-    params = [p for m in built if isinstance(m, nn.Module) for p in m.parameters()]
+    if case.get('load_and_freeze'):
+        load_and_freeze(dict(enumerate(built)))
+    params = [p for m in built if isinstance(m, nn.Module) for p in m.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=0.1)
     losses = []
     for s in range(steps):

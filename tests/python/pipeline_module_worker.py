@@ -23,6 +23,8 @@ def run(case, out_dir):
     module = PipelineModule(layers=cases.layers(case['model']), loss_fn=nn.MSELoss(),
                             partition_method=case.get('partition', 'uniform'),
                             activation_checkpoint_interval=case.get('interval', 0), **kwargs)
+    if case.get('load_and_freeze'):
+        cases.load_and_freeze(module.local_layers)
     engine, _, _, _ = pipetrain.initialize(model=module, config=cases.config(case))
     steps = case.get('steps', 2)
     data = iter([cases.micro_batch(i) for i in range(steps * 4)])

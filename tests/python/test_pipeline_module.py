@@ -177,6 +177,7 @@ CASES = [
     {'name': 'inplace-groups-python', 'model': 'inplace-groups', 'interval': 2, 'native': False},
     {'name': 'no-bias', 'model': 'no-bias', 'partition': 'parameters'},
     {'name': 'functions-topology', 'model': 'functions', 'partition': 'parameters', 'topology': True},
+    {'name': 'loaded-and-frozen-after-construction', 'model': 'inplace', 'load_and_freeze': True},
 ]
 
 
