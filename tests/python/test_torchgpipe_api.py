@@ -429,3 +429,11 @@ def test_skippable_repr_and_module():
     layer = Layer1()
     assert repr(layer).startswith('@skippable(Layer1(') and isinstance(layer.module.fc, nn.Linear)
     assert pipetrain.skip.Skippable in type(layer).__mro__
+
+
+def test_balance_functions_profile_a_model_with_skips():
+    model = nn.Sequential(Layer1(), nn.Linear(2, 2), Layer3())
+    for balance in (balance_by_time(2, model, torch.rand(4, 2), timeout=0.05, device='cpu'),
+                    balance_by_size(2, model, torch.rand(4, 2), device='cpu')):
+        assert len(balance) == 2 and sum(balance) == 3
+        GPipe(copy.deepcopy(model), balance, devices=['cpu'] * 2, chunks=2)(torch.rand(4, 2)).sum().backward()
