@@ -9,7 +9,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-import pipetrain.pipe.module as module_py
+import pipetrain.checkpointing
 from conftest import launch
 from pipetrain.errors import ConfigError
 from pipetrain.pipe import (LayerSpec, PipeDataParallelTopology, PipeModelDataParallelTopology, PipelineModule,
@@ -115,8 +115,8 @@ def test_topologies_pipetrain_cannot_run_are_refused_naming_why(world):
 def test_checkpoint_arguments(world):
     world(1)
     layers = [nn.Linear(2, 2), nn.Linear(2, 2)]
-    PipelineModule(layers, num_stages=1, activation_checkpoint_interval=1,
-                   activation_checkpoint_func=torch.utils.checkpoint.checkpoint)
+    for func in (torch.utils.checkpoint.checkpoint, pipetrain.checkpointing.checkpoint):  # deepspeed.checkpointing's
+        PipelineModule(layers, num_stages=1, activation_checkpoint_interval=1, activation_checkpoint_func=func)
     with pytest.raises(ConfigError, match='my_checkpoint'):
         def my_checkpoint(fn, *args):
             return fn(*args)
