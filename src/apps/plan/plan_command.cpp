@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "apps/commands.h"
 #include "apps/plan/plan_calibration.h"
 #include "apps/plan/plan_file.h"
+#include "apps/plan/plan_profile_file.h"
 #include "pipetrain/comm/threads.h"
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/gemm.h"
@@ -38,6 +40,7 @@ struct PlanArgs {
   bool show_profile = false;
   bool profile_alone = false;
   std::string gemm_kernel = "auto";
+  std::string save_profile, load_profile;  // plan_profile_file.h
   // Restrict the search (to predict one layout, e.g. for scripts/plan-grid.sh).
   std::vector<int> stages, micro_batches;
   std::vector<std::string> schedules;
@@ -130,22 +133,47 @@ int run_plan(const PlanArgs& a) {
   o.step_overhead_s = cal.step_overhead_s;
   o.shared_efficiency = cal.shared_efficiency;
   o.shared_message_s = cal.shared_message_s;
-  std::string optimizer;
   o.stage_counts = a.stages;
   for (const auto& name : a.schedules) o.kinds.push_back(schedule::parse_kind(name));
   const int max_m = a.micro_batches.empty() ? a.max_micro_batches
                                             : *std::max_element(a.micro_batches.begin(), a.micro_batches.end());
+  // What this plan profiles (or takes from --load-profile): the costs at each micro-batch count.
+  PlanProfile measured;
+  measured.workload = a.workload;
+  measured.example = a.example;
+  measured.gemm_kernel = a.gemm_kernel;
+  measured.processes = processes;
+  measured.cores = cores;
+  measured.profile_alone = a.profile_alone;
+  std::vector<int> counts;
   for (int m = 1; m <= max_m && m <= shape.rows; m *= 2) {
     if (shape.rows % m != 0) continue;
     if (!a.micro_batches.empty() && std::find(a.micro_batches.begin(), a.micro_batches.end(), m) == a.micro_batches.end())
       continue;
+    counts.push_back(m);
+  }
+  if (!a.load_profile.empty()) {
+    PlanProfile wanted = measured;
+    for (int m : counts) wanted.costs[m];
+    const PlanProfile loaded = load_plan_profile(a.load_profile);
+    check_profile_matches(loaded, wanted, a.load_profile);
+    for (int m : counts) measured.costs[m] = loaded.costs.at(m);
+    measured.optimizer = loaded.optimizer;
+    measured.optimizer_state_factor = loaded.optimizer_state_factor;
+    measured.fill_waits = loaded.fill_waits;
+    // The environment's bandwidth, when set, still overrides the measured one.
+    measured.stream_bytes_per_s =
+        std::getenv("PIPETRAIN_PLAN_STREAM_MBS") ? stream_bytes_per_s() : loaded.stream_bytes_per_s;
+  }
+  for (int m : a.load_profile.empty() ? counts : std::vector<int>{}) {
     auto subject = bench_subject(a.workload, a.example, m, 0, 1);
     runtime::LayerProfileOptions po;
     po.budget = std::chrono::milliseconds(a.budget_ms);
     po.stage.gemm_kernel = runtime::parse_gemm_kernel(a.gemm_kernel);
     po.optimizer = subject.config.optimizer.type;
-    optimizer = subject.config.optimizer.type;
-    o.optimizer_state_factor = schedule::optimizer_state_factor(optimizer, subject.config.optimizer.momentum);
+    measured.optimizer = subject.config.optimizer.type;
+    measured.optimizer_state_factor =
+        schedule::optimizer_state_factor(measured.optimizer, subject.config.optimizer.momentum);
     std::optional<BusyRanks> others;
     if (!a.profile_alone) {
       runtime::LayerProfileOptions busy = po;
@@ -156,7 +184,7 @@ int run_plan(const PlanArgs& a) {
     }
     const auto profile = runtime::profile_layers(subject.module.layers, subject.micro_batches.front().inputs, po);
     others.reset();
-    o.fill_waits = profile.accumulates_natively;
+    measured.fill_waits = profile.accumulates_natively;
     if (a.show_profile) {
       std::cout << fmt::format("profile at {} micro-batches of {} rows (ms, MiB):\n  layer  forward  input-grad  weight-grad  "
                                "optimizer  activation  output  params  state\n",
@@ -171,9 +199,9 @@ int run_plan(const PlanArgs& a) {
     }
     schedule::LayerCosts c;
     for (const auto& l : profile.layers) {
-      c.forward.push_back(l.forward_s * cal.compute_scale);
-      c.backward_input.push_back(l.backward_input_s * cal.compute_scale);
-      c.backward_weight.push_back(l.backward_weight_s * cal.compute_scale);
+      c.forward.push_back(l.forward_s);
+      c.backward_input.push_back(l.backward_input_s);
+      c.backward_weight.push_back(l.backward_weight_s);
       c.optimizer.push_back(l.optimizer_s);
       c.activation_bytes.push_back(l.activation_bytes);
       c.output_bytes.push_back(l.output_bytes);
@@ -182,9 +210,9 @@ int run_plan(const PlanArgs& a) {
       c.weight_bytes.push_back(l.weight_bytes);
     }
     c.input_bytes = profile.input_bytes;
-    o.costs[m] = std::move(c);
+    measured.costs[m] = std::move(c);
   }
-  if (o.stream_bytes_per_s == 0) {
+  if (a.load_profile.empty()) {
     // The optimizer step's memory traffic, measured beside the other ranks' updates: every rank
     // updates once the gradient norm is agreed, so they stream at the same time (not beside
     // whichever layers' work the helpers happened to run).
@@ -198,8 +226,21 @@ int run_plan(const PlanArgs& a) {
         arrays->first.add_(arrays->second, -1e-9f);
       });
     }
-    o.stream_bytes_per_s = stream_bytes_per_s();
+    measured.stream_bytes_per_s = stream_bytes_per_s();
   }
+  if (!a.save_profile.empty()) save_plan_profile(measured, a.save_profile);
+  // The engine's compute against the profiled (the calibration's scale), applied to a loaded
+  // profile as to a measured one.
+  for (const auto& [m, measured_costs] : measured.costs) {
+    schedule::LayerCosts c = measured_costs;
+    for (auto* v : {&c.forward, &c.backward_input, &c.backward_weight})
+      for (double& t : *v) t *= cal.compute_scale;
+    o.costs[m] = std::move(c);
+  }
+  const std::string& optimizer = measured.optimizer;
+  o.optimizer_state_factor = measured.optimizer_state_factor;
+  o.fill_waits = measured.fill_waits;
+  o.stream_bytes_per_s = measured.stream_bytes_per_s;
   comm::apply_threads(saved_threads);
   const auto profiled = std::chrono::steady_clock::now();
   const auto plans = schedule::search_plans(o);
@@ -228,6 +269,11 @@ int run_plan(const PlanArgs& a) {
   }
   auto j = plan_to_json(best);
   j["search_s"] = search_s;
+  // The work done, counted (tests bound these, not the seconds, which depend on the machine's load).
+  j["layouts_searched"] = plans.size();
+  std::vector<int> counted;
+  for (const auto& [m, c] : o.costs) counted.push_back(m);
+  j["micro_batch_counts"] = counted;
   std::cout << j.dump() << std::endl;
   return 0;
 }
@@ -268,9 +314,17 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   sub->add_flag("--profile-alone", args->profile_alone,
                 "profile without the other ranks' work running beside (by default min(processes, cores) - 1 "
                 "threads compute the same layers meanwhile, as the run's other ranks will)");
+  sub->add_option("--save-profile", args->save_profile,
+                  "write the profiled costs to this file (JSON), for later plans with --load-profile");
+  sub->add_option("--load-profile", args->load_profile,
+                  "plan from costs saved by --save-profile (same model, processes, cores and kernel) "
+                  "instead of profiling again");
   sub->add_flag("--json", args->json_only, "print only the JSON line");
   sub->callback([args, &exit_code] {
     if (args->workload.empty() && args->example.empty()) args->workload = "mlp";
+    if (!args->load_profile.empty() && args->show_profile)
+      throw UsageError("--show-profile prints a profile as it is measured, and --load-profile measures none: "
+                       "use --show-profile with the run that writes the file (--save-profile)");
     exit_code = run_plan(*args);
   });
 }
