@@ -66,14 +66,16 @@ PIPETRAIN_RANK_WORKER(fault_kill_p2p) {
       "stage 0 (rank 0) died");
 }
 
-// Rank 0 dies during an all-reduce of 4 ranks; rank 3 is busy computing and only then
-// starts a send to rank 2, which must fail at once.
+// Rank 0 dies during an all-reduce of 4 ranks; rank 3 is busy computing (in no operation) until
+// its liveness monitor has seen the death, and only then starts a send to rank 2, which must
+// fail at once. (It waits for the monitor, not for a fixed time, which a busy machine stretches.)
 PIPETRAIN_RANK_WORKER(fault_kill_collective) {
   survive(
       [](Communicator& c) {
         if (c.rank() == 0) die_after_start(c);
         if (c.rank() == 3) {
-          std::this_thread::sleep_for(1000ms);
+          const auto until = std::chrono::steady_clock::now() + 120s;  // a hang guard
+          while (!c.fault() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
           c.channel().isend(2, Stream::gradient(), Batch(torch::ones({4})), "gradient of micro-batch 1").wait();
           return;
         }
@@ -116,9 +118,14 @@ double value_in(const std::string& text, const std::string& key) {
   return pos == std::string::npos ? 0.0 : std::atof(text.c_str() + pos + key.size() + 1);
 }
 
-// Every survivor named the lost rank; prints (and bounds) the time from the fault to its
-// error and to its exit. Returns the largest detection latency in seconds.
-double check_survivors(const testing::SpawnResult& run, double limit_seconds, const std::string& label) {
+// Every survivor named the lost rank and the way it was lost (a death, a report, silence), and
+// exited on its own; prints the time from the fault to its error and to its exit. The times are
+// not bounded: the runs below give every operation a 600 s timeout, so a survivor that learned
+// of the fault from a timeout, or whose teardown waited for one, is still running when the
+// launcher's grace period (60 s) or time limit (120 s) ends it, and fails by its cause (killed,
+// not exited with the fault's message), however busy the machine.
+// Returns the largest detection latency in seconds.
+double check_survivors(const testing::SpawnResult& run, const std::string& label) {
   const double fault_ms = value_in(run.ranks.at(0).output, "FAULT_AT");
   EXPECT_GT(fault_ms, 0) << run.summary();
   double worst = 0;
@@ -137,8 +144,6 @@ double check_survivors(const testing::SpawnResult& run, double limit_seconds, co
       std::printf(", exit %.3f s after rank 0's", exited);
     }
     std::printf("\n");
-    EXPECT_LT(detect, limit_seconds) << run.summary();
-    EXPECT_LT(torn_down, limit_seconds + 2.0) << run.summary();
     worst = std::max(worst, detect);
   }
   return worst;
@@ -147,43 +152,49 @@ double check_survivors(const testing::SpawnResult& run, double limit_seconds, co
 TEST(Faults, KilledRankIsNamedByDirectAndIndirectPeers) {
   testing::SpawnOptions o;
   o.nproc = 3;
-  o.grace_period = 20s;  // survivors ignore SIGTERM; they must exit on their own
-  o.env["TEST_TIMEOUT_MS"] = "15000";
+  o.grace_period = 60s;  // survivors ignore SIGTERM; they must exit on their own
+  o.time_limit = 120s;
+  o.env["TEST_TIMEOUT_MS"] = "600000";
   const auto run = testing::spawn_workers("fault_kill_p2p", o);
   ASSERT_FALSE(run.launch.ranks[0].exited) << run.summary();
   EXPECT_EQ(run.launch.ranks[0].signal, SIGKILL);
   EXPECT_EQ(run.launch.failed_rank, 0);
-  check_survivors(run, 2.0, "SIGKILL during recv");
+  check_survivors(run, "SIGKILL during recv");
 }
 
 TEST(Faults, KilledRankDuringAllReduce) {
   testing::SpawnOptions o;
   o.nproc = 4;
-  o.grace_period = 20s;
-  o.env["TEST_TIMEOUT_MS"] = "15000";
+  o.grace_period = 60s;
+  o.time_limit = 120s;
+  o.env["TEST_TIMEOUT_MS"] = "600000";
   const auto run = testing::spawn_workers("fault_kill_collective", o);
   EXPECT_EQ(run.launch.ranks[0].signal, SIGKILL) << run.summary();
-  check_survivors(run, 2.0, "SIGKILL during all-reduce");
+  check_survivors(run, "SIGKILL during all-reduce");
 }
 
 TEST(Faults, ReportedFailureIsNamed) {
   testing::SpawnOptions o;
-  o.grace_period = 20s;
+  o.grace_period = 60s;
+  o.time_limit = 120s;
+  o.env["TEST_TIMEOUT_MS"] = "600000";
   const auto run = testing::spawn_workers("fault_reported", o);
   EXPECT_EQ(run.launch.ranks[0].code, 3) << run.summary();
-  check_survivors(run, 2.0, "reported failure");
+  check_survivors(run, "reported failure");
 }
 
 TEST(Faults, HungRankIsNamedAfterHeartbeatTimeout) {
   testing::SpawnOptions o;
   o.grace_period = 1s;
-  o.env["TEST_TIMEOUT_MS"] = "20000";
+  o.time_limit = 120s;
+  o.env["TEST_TIMEOUT_MS"] = "600000";
   o.env["TEST_HEARTBEAT_MS"] = "200";
   o.env["TEST_HEARTBEAT_TIMEOUT_MS"] = "2000";
   const auto run = testing::spawn_workers("fault_hung", o);
   ASSERT_EQ(run.launch.ranks.size(), 2u);
-  // Detected by silence: after the 2 s heartbeat timeout, well before the 20 s op timeout.
-  const double detect = check_survivors(run, 8.0, "hung (SIGSTOP) rank, heartbeat timeout 2 s");
+  // Detected by silence ("stopped answering"): not before the 2 s heartbeat timeout, and not by
+  // the 600 s op timeout (the launcher's 120 s limit would have ended the run first).
+  const double detect = check_survivors(run, "hung (SIGSTOP) rank, heartbeat timeout 2 s");
   EXPECT_GT(detect, 1.5) << run.summary();
   EXPECT_EQ(run.launch.ranks[0].signal, SIGKILL);  // the launcher cleaned the stopped rank up
 }

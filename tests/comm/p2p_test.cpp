@@ -151,9 +151,9 @@ PIPETRAIN_RANK_WORKER(p2p_timeout) {
                 std::string::npos)
           << text;
     }
-    const auto waited = std::chrono::steady_clock::now() - start;
-    EXPECT_GE(waited, 1000ms);
-    EXPECT_LT(waited, 5000ms);
+    // At least the 1 s asked for; no upper bound (a busy machine can take longer to wake the
+    // rank): the message shows the 1 s wait ended it, not the 20 s default of the others.
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 1000ms);
     // The channel stays failed: later operations say so at once instead of hanging.
     EXPECT_THROW(comm->channel().irecv(0, Stream::activation(), "next").wait(1000ms), CommError);
   }

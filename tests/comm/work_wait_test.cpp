@@ -67,7 +67,7 @@ TEST_F(DeviceSideWait, ReturnsOnceTheDeviceFinishes) {
     std::this_thread::sleep_for(50ms);
     work->completed = true;
   });
-  wait_collective(work, Clock::now() + 10s, faults_, op());
+  wait_collective(work, Clock::now() + 120s, faults_, op());  // a hang guard only
   device.join();
   EXPECT_FALSE(work->aborted);
   EXPECT_GT(work->polls.load(), 1);  // polled, not taken as done when queued
@@ -83,9 +83,7 @@ TEST_F(DeviceSideWait, AHungCollectiveTimesOutNamingTheOperationAndIsAborted) {
     EXPECT_NE(std::string(e.what()).find("all-reduce (sum of 4 MiB)"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("timed out after"), std::string::npos) << e.what();
   }
-  const auto waited = Clock::now() - start;
-  EXPECT_GE(waited, 300ms);
-  EXPECT_LT(waited, 5s);
+  EXPECT_GE(Clock::now() - start, 300ms);  // the deadline, and no upper bound: a cause, not a speed
   EXPECT_TRUE(work->aborted);
 }
 
@@ -97,13 +95,13 @@ TEST_F(DeviceSideWait, APeersFaultEndsTheWaitAtOnceAndAbortsTheWork) {
   });
   const auto start = Clock::now();
   try {
-    wait_collective(work, start + 30s, faults_, op());
+    // Ended by the fault (a PeerError), not by this deadline (a TimeoutError would escape).
+    wait_collective(work, start + 120s, faults_, op());
     ADD_FAILURE() << "the wait outlived the peer's death";
   } catch (const PeerError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 died"), std::string::npos) << e.what();
   }
   monitor.join();
-  EXPECT_LT(Clock::now() - start, 5s);
   EXPECT_TRUE(work->aborted);
 }
 
@@ -112,7 +110,7 @@ TEST_F(DeviceSideWait, AnErrorTheBackendRecordedIsACommErrorNamingTheOperation) 
   work->completed = true;
   work->error = "NCCL error: unhandled system error";
   try {
-    wait_collective(work, Clock::now() + 10s, faults_, op());
+    wait_collective(work, Clock::now() + 120s, faults_, op());
     ADD_FAILURE() << "the backend's error was lost";
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("unhandled system error"), std::string::npos) << e.what();
