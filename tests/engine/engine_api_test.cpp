@@ -2,7 +2,6 @@
 // losses, configuration errors, and the measured timeline and bubble.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <thread>
 
 #include "engine/engine_models.h"
@@ -118,19 +117,20 @@ TEST(EngineApi, ForwardBackwardStepPointToTrainBatch) {
   EXPECT_EQ(errors[0], "");
 }
 
+// Quickly: every rank's error says why it stopped (the data, or the peer that failed), none is
+// the 20 s timeout of a rank left waiting (a cause, not a duration, so a busy machine cannot
+// fail it).
 TEST(EngineApi, DataRunningOutFailsEveryRankQuickly) {
-  const auto start = std::chrono::steady_clock::now();
   auto errors = on_ranks(3, small_config(4), [] { return mlp(6, 8, 3, 3); }, [](PipelineEngine& engine, int) {
     FunctionIterator it(mlp_data(0, 2));  // 2 of the 4 micro-batches
     engine.train_batch(it);
   });
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 10.0) << "ranks must not wait for the 20 s timeout";
+  for (const auto& e : errors) EXPECT_EQ(e.find("timed out"), std::string::npos) << "ranks must not wait for the timeout: " << e;
   // The first and last stage pull data and name the problem; the middle one names the peer.
   EXPECT_NE(errors[0].find("ran out after 2 of the 4 micro-batches"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("DataError"), std::string::npos) << errors[0];
   EXPECT_NE(errors[2].find("ran out"), std::string::npos) << errors[2];
-  EXPECT_NE(errors[1], "");
+  EXPECT_NE(errors[1].find("PeerError"), std::string::npos) << errors[1];
 }
 
 TEST(EngineApi, BadlyShapedBatchesFailEveryRankNamingTheStage) {
@@ -152,7 +152,6 @@ TEST(EngineApi, BadlyShapedBatchesFailEveryRankNamingTheStage) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
-    const auto start = std::chrono::steady_clock::now();
     auto errors = on_ranks(3, small_config(2), [] { return mlp(6, 8, 3, 3); }, [&](PipelineEngine& engine, int) {
       auto i = std::make_shared<int>(0);
       FunctionIterator it([&, i]() -> std::optional<MicroBatch> {
@@ -161,9 +160,10 @@ TEST(EngineApi, BadlyShapedBatchesFailEveryRankNamingTheStage) {
       });
       engine.train_batch(it);
     });
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(seconds, 10.0) << "ranks must not wait for the timeout";
-    for (size_t r = 0; r < errors.size(); ++r) EXPECT_NE(errors[r], "") << "rank " << r << " returned";
+    for (size_t r = 0; r < errors.size(); ++r) {
+      EXPECT_NE(errors[r], "") << "rank " << r << " returned";
+      EXPECT_EQ(errors[r].find("timed out"), std::string::npos) << "ranks must not wait for the timeout: " << errors[r];
+    }
     EXPECT_NE(errors[static_cast<size_t>(c.failing)].find(c.message), std::string::npos) << errors[c.failing];
     EXPECT_NE(errors[static_cast<size_t>(c.failing)].find("BatchError"), std::string::npos) << errors[c.failing];
     for (size_t r = 0; r < errors.size(); ++r) {

@@ -14,35 +14,49 @@
 namespace pipetrain {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// Where two partitions must be inside a forward at the same time: each waits (up to 60 s) in
+// its forward until the other is in its own. Partitions that run one after the other never
+// meet; concurrent ones always do, however slow or busy the machine (an ordering of events,
+// not a duration).
+struct Meeting {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::set<int> inside;  // the partitions inside their meeting call now
+  bool met = false;
+};
 
-// Sleeps, then passes its input on; records the threads it ran on.
-struct SleepImpl : torch::nn::Module {
-  explicit SleepImpl(std::chrono::milliseconds d) : delay(d) {}
+// Passes its input on; on call `meet_at` (0-based) it waits at the meeting. Records the
+// threads it ran on.
+struct MeetImpl : torch::nn::Module {
+  MeetImpl(std::shared_ptr<Meeting> m, int partition, int meet_at)
+      : meeting(std::move(m)), partition(partition), meet_at(meet_at) {}
   torch::Tensor forward(torch::Tensor x) {
-    std::this_thread::sleep_for(delay);
-    std::lock_guard<std::mutex> lock(mutex);
+    std::unique_lock<std::mutex> lock(meeting->mutex);
     threads.insert(std::this_thread::get_id());
+    if (calls++ != meet_at) return x;
+    meeting->inside.insert(partition);
+    if (meeting->inside.size() == 2) meeting->met = true;
+    meeting->cv.notify_all();
+    meeting->cv.wait_for(lock, std::chrono::seconds(60), [&] { return meeting->met; });
+    meeting->inside.erase(partition);
     return x;
   }
-  std::chrono::milliseconds delay;
-  std::mutex mutex;
-  std::set<std::thread::id> threads;
+  std::shared_ptr<Meeting> meeting;
+  int partition, meet_at, calls = 0;
+  std::set<std::thread::id> threads;  // guarded by meeting->mutex
 };
-TORCH_MODULE(Sleep);
+TORCH_MODULE(Meet);
 
-TEST(GPipeConcurrency, SleepingPartitionsOverlap) {
-  using std::chrono::milliseconds;
-  Sleep a(milliseconds(100)), b(milliseconds(100));
+TEST(GPipeConcurrency, PartitionsRunAtTheSameTime) {
+  // At clock tick 1, partition 0 runs micro-batch 1 while partition 1 runs micro-batch 0.
+  auto meeting = std::make_shared<Meeting>();
+  Meet a(meeting, 0, /*meet_at=*/1), b(meeting, 1, /*meet_at=*/0);
   GPipe gpipe(torch::nn::Sequential(a, b), GPipeOptions({1, 1}).chunks(4));
   const torch::Tensor x = torch::randn({4, 2});
-  gpipe->forward(x);  // start the workers
-  const auto start = Clock::now();
-  gpipe->forward(x);
-  const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
-  // (4 + 2 - 1) ticks of 100 ms = 500 ms; sequential would be 8 x 100 ms = 800 ms.
-  EXPECT_GE(ms, 490);
-  EXPECT_LT(ms, 700) << "partitions did not run concurrently";
+  EXPECT_TRUE(torch::equal(gpipe->forward(x), x));
+  EXPECT_TRUE(meeting->met) << "partition 0's micro-batch 1 and partition 1's micro-batch 0 did not run concurrently";
+  EXPECT_EQ(a->calls, 4);
+  EXPECT_EQ(b->calls, 4);
   // Each partition always runs on its own worker thread.
   EXPECT_EQ(a->threads.size(), 1u);
   EXPECT_EQ(b->threads.size(), 1u);
@@ -104,12 +118,13 @@ TEST(GPipeConcurrency, PipetrainErrorsKeepTheirType) {
                BatchError);
 }
 
-// Blocks until released (or 30 s pass, so a failing test leaves no thread behind for ever).
+// Blocks until released (or 300 s pass, so a failing test leaves no thread behind for ever).
 struct HangImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     std::unique_lock<std::mutex> lock(mutex);
     entered = true;
-    released_cv.wait_for(lock, std::chrono::seconds(30), [&] { return released; });
+    released_cv.wait_for(lock, std::chrono::seconds(300), [&] { return released; });
+    returned = true;
     return x;
   }
   void release() {
@@ -121,13 +136,13 @@ struct HangImpl : torch::nn::Module {
   std::condition_variable released_cv;
   bool released = false;
   bool entered = false;
+  bool returned = false;  // the forward ended (released or out of patience)
 };
 TORCH_MODULE(Hang);
 
 TEST(GPipeConcurrency, AHungLayerIsATimeoutNamingPartitionAndMicroBatch) {
   Hang hang;
   GPipe gpipe(torch::nn::Sequential(torch::nn::Identity(), hang), GPipeOptions({1, 1}).chunks(2).task_timeout(0.3));
-  const auto start = Clock::now();
   try {
     gpipe->forward(torch::randn({4, 2}));
     FAIL() << "a hung layer must not hang forward";
@@ -137,7 +152,12 @@ TEST(GPipeConcurrency, AHungLayerIsATimeoutNamingPartitionAndMicroBatch) {
     EXPECT_NE(what.find("micro-batch 0"), std::string::npos) << what;
     EXPECT_NE(what.find("task_timeout"), std::string::npos) << what;
   }
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  {
+    // The timeout ended forward while the layer was still blocked: forward did not wait for it.
+    std::lock_guard<std::mutex> lock(hang->mutex);
+    EXPECT_TRUE(hang->entered);
+    EXPECT_FALSE(hang->returned) << "forward returned only after the hung layer did";
+  }
   // The hung task finishes on its abandoned worker; the next forward starts new workers.
   hang->release();
   const auto x = torch::randn({4, 2});
