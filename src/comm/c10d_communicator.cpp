@@ -36,24 +36,31 @@ c10::intrusive_ptr<c10d::Store> open_store(const RankInfo& info, const CommOptio
                                            const std::string& self) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info.master_port);
-  so.isServer = info.rank == 0;
-  so.numWorkers = static_cast<size_t>(info.world_size);
+  // Under torchrun's agent every rank is a client of the agent's store. Otherwise rank 0 serves,
+  // multi-tenant: torch.distributed's env:// and tcp:// rendezvous serve multi-tenant too, so
+  // one server on MASTER_PORT carries both when the script also made a torch.distributed group
+  // (in either order); keys stay apart by their prefixes.
+  so.isServer = info.rank == 0 && !info.agent_store;
+  so.multiTenant = true;
+  if (!info.agent_store) so.numWorkers = static_cast<size_t>(info.world_size);
   so.waitWorkers = false;  // the process groups below wait for every rank anyway
   use_plain_socket_store(so);
   // TCPStore's own connection (also rank 0's to itself) retries once a second: give it at
   // least a few tries. Waiting for the other ranks uses connect_timeout explicitly.
   so.timeout = std::max(options.connect_timeout(), std::chrono::milliseconds(5000));
   const std::string where = info.master_addr + ":" + std::to_string(info.master_port);
-  if (info.rank != 0) {
+  if (!so.isServer) {
     // TCPStore's client retries once a second; probing ourselves joins as soon as rank 0
     // listens, which makes every start of a job about a second faster.
     const auto deadline = Clock::now() + options.connect_timeout();
     Fd probe = connect_until(info.master_addr, info.master_port, deadline);
     if (!probe) {
-      throw TimeoutError(self + ": rank 0 did not open the rendezvous store at " + where +
-                         " within " + format_duration(options.connect_timeout()) +
-                         "; start rank 0, and check MASTER_ADDR and MASTER_PORT (" +
-                         to_string(info.launcher) + ")");
+      throw TimeoutError(self + ": " + (info.agent_store ? "torchrun's agent" : "rank 0") +
+                         " did not open the rendezvous store at " + where + " within " +
+                         format_duration(options.connect_timeout()) + "; start " +
+                         (info.agent_store ? "the job with torchrun (TORCHELASTIC_USE_AGENT_STORE=True)"
+                                           : "rank 0") +
+                         ", and check MASTER_ADDR and MASTER_PORT (" + to_string(info.launcher) + ")");
     }
   }
   try {
@@ -77,7 +84,11 @@ class C10dCommunicator final : public Communicator {
     const std::string self = options_.rank_namer()(info.rank);
     const std::string bind =
         options_.bind_address().empty() ? local_address_towards(info.master_addr) : options_.bind_address();
-    store_ = c10::make_intrusive<c10d::PrefixStore>("pipetrain/", open_store(info, options_, self));
+    // A restarted torchrun attempt must not read the keys of the one before (the agent's store
+    // outlives the workers).
+    const std::string prefix =
+        info.agent_store ? "pipetrain/attempt_" + std::to_string(info.restart_count) + "/" : "pipetrain/";
+    store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, open_store(info, options_, self));
     if (info.world_size > 1) {
       monitor_ = std::make_unique<PeerMonitor>(*store_, info.rank, info.world_size, bind, options_, faults_);
     }
@@ -145,15 +156,19 @@ class C10dCommunicator final : public Communicator {
     // A name is taken while its group lives; made again after (a process that trains a second
     // engine), it rendezvouses under a store prefix of its own, which every member counts alike
     // because members create their groups in the same order.
-    GroupName& named = names_[spec.name];
-    if (!named.live.expired()) {
+    // The count is kept per name *and* member list: every creation of one (name, members) pair
+    // involves exactly those members, so they all count it alike, whereas one name may have had
+    // other members before on some ranks only (engine A's 'dp/stage0' was rank 0 alone, engine
+    // B's is ranks 0 and 1: counted by name, rank 0 would have rendezvoused under 'dp/stage0#1'
+    // and rank 1 under 'dp/stage0', and both timed out).
+    std::weak_ptr<Group>& live = live_[spec.name];
+    if (!live.expired()) {
       throw ConfigError(self + ": group '" + spec.name + "' was already created; give each group its own name");
     }
-    const std::string prefix =
-        "group/" + spec.name + (named.created > 0 ? "#" + std::to_string(named.created) : std::string());
-    ++named.created;
-    auto group = make_group(spec, prefix);
-    named.live = group;
+    const std::string members = spec.name + "[" + join_ranks(spec.ranks) + "]";
+    const int created = created_[members]++;
+    auto group = make_group(spec, "group/" + members + "#" + std::to_string(created));
+    live = group;
     return group;
   }
 
@@ -178,6 +193,12 @@ class C10dCommunicator final : public Communicator {
   void report_failure(const std::string& reason) override {
     failure_reported_ = true;
     if (monitor_) monitor_->send_failure(reason);
+  }
+
+  void interrupt(const std::string& reason) override {
+    // A fault of this rank itself wakes every wait (the channel's and the groups' aborts).
+    faults_->raise(Fault{info_.rank, FaultKind::Failed, reason});
+    if (!failure_reported_) report_failure(reason);
   }
 
   void shutdown() override {
@@ -218,11 +239,8 @@ class C10dCommunicator final : public Communicator {
   std::shared_ptr<::gloo::transport::Device> collective_device_;
   std::shared_ptr<C10dChannel> channel_;
   std::shared_ptr<Group> world_;
-  struct GroupName {
-    int created = 0;
-    std::weak_ptr<Group> live;
-  };
-  std::map<std::string, GroupName> names_;
+  std::map<std::string, std::weak_ptr<Group>> live_;  // by name: taken while its group lives
+  std::map<std::string, int> created_;                 // by name and members: creations so far
   bool shut_down_ = false;
   bool failure_reported_ = false;
 };

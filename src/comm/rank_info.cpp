@@ -72,6 +72,15 @@ void resolve_master_addr(const EnvLookup& env, RankInfo& info, const std::string
                     hint);
 }
 
+// torchrun's agent serving the store (torch.distributed compares the text with str(True); so do we).
+void read_agent_store(const EnvLookup& env, RankInfo& info) {
+  info.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  if (info.agent_store && has(env, "TORCHELASTIC_RESTART_COUNT")) {
+    info.restart_count = env_int(env, "TORCHELASTIC_RESTART_COUNT",
+                                 "torchrun's agent sets it to its restart attempt (0, 1, ...)", 0, kMaxWorld);
+  }
+}
+
 RankInfo parse_torchrun(const EnvLookup& env) {
   const std::string fix =
       "torchrun and `pipetrain launch` set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, "
@@ -100,6 +109,7 @@ RankInfo parse_torchrun(const EnvLookup& env) {
   if (info.world_size == 1) {
     info.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
     info.master_port = has(env, "MASTER_PORT") ? master_port_from(env) : 0;
+    read_agent_store(env, info);
     return info;
   }
   if (!has(env, "MASTER_ADDR")) {
@@ -110,6 +120,7 @@ RankInfo parse_torchrun(const EnvLookup& env) {
   }
   resolve_master_addr(env, info, "");
   info.master_port = master_port_from(env);
+  read_agent_store(env, info);
   return info;
 }
 

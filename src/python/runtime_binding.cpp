@@ -1,11 +1,12 @@
 // pipetrain._C functions the Python package calls into: checkpoint phase, skip tracker,
-// partitioning and profiling.
+// partitioning and profiling, and the launcher's rendezvous facts (pipetrain.comm).
 #include <torch/extension.h>
 
 #include <chrono>
 
 #include "batch_convert.h"
 #include "layer.h"
+#include "pipetrain/comm/rank_info.h"
 #include "pipetrain/partition/balance.h"
 #include "pipetrain/partition/min_max.h"
 #include "pipetrain/runtime/checkpoint.h"
@@ -14,6 +15,23 @@
 namespace pipetrain::python {
 
 void bind_runtime(py::module& m) {
+  // One owner for who this process is: the native parser of the launchers' variables (torchrun,
+  // pipetrain launch, mpirun, srun), which the engine's own connection reads as well.
+  m.def("launch_env", [] {
+    const comm::RankInfo info = comm::rank_info_from_env();
+    py::dict d;
+    d["rank"] = info.rank;
+    d["world_size"] = info.world_size;
+    d["local_rank"] = info.local_rank;
+    d["local_world_size"] = info.local_world_size;
+    d["master_addr"] = info.master_addr;
+    d["master_port"] = info.master_port;
+    d["launcher"] = comm::to_string(info.launcher);
+    d["agent_store"] = info.agent_store;
+    d["notes"] = info.notes;
+    return d;
+  }, "The launcher's view of this process: rank, world_size, local_rank, local_world_size, master_addr, "
+     "master_port (0: a single process with none), launcher, agent_store, notes");
   m.def("is_checkpointing", &runtime::is_checkpointing,
         "Whether the current forward runs under activation checkpointing (its first, graph-free pass).");
   m.def("is_recomputing", &runtime::is_recomputing,

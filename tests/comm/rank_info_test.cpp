@@ -91,6 +91,20 @@ TEST(RankInfo, Torchrun) {
     ASSERT_EQ(info.notes.size(), 1u);
     EXPECT_NE(info.notes[0].find("assuming all ranks on this host"), std::string::npos);
   }
+  {  // TorchrunAgentStore: torchrun's agent serves the store; a restart reads keys of its own
+    Env env = torchrun(1, 2);
+    EXPECT_FALSE(parse(env).agent_store);
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+    EXPECT_FALSE(parse(env).agent_store);
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+    env["TORCHELASTIC_RESTART_COUNT"] = "2";
+    EXPECT_TRUE(parse(env).agent_store);
+    EXPECT_EQ(parse(env).restart_count, 2);
+    Env one = torchrun(0, 1);  // a single worker joins the agent's store too
+    one["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+    EXPECT_TRUE(parse(one).agent_store);
+    EXPECT_EQ(parse(one).restart_count, 0);
+  }
   {  // TorchrunTakesPrecedenceOverOpenMpi
     Env env = openmpi(1, 2, 2);
     for (auto& [k, v] : torchrun(0, 2)) env[k] = v;

@@ -44,6 +44,10 @@ class Communicator {
   // Tells every peer that this rank is stopping because of `reason`, so their errors name
   // the cause rather than a lost connection. Call it before leaving on an error.
   virtual void report_failure(const std::string& reason) = 0;
+  // Stops this rank's communication now because of `reason` (Ctrl-C in the Python front end):
+  // every wait of this rank, present or later, fails with PeerError naming it, and the peers are
+  // told as by report_failure, so that they stop too instead of waiting for their timeout.
+  virtual void interrupt(const std::string& reason) { report_failure(reason); }
   // Clean end: waits for outstanding sends, then says goodbye to the peers. Destroying a
   // communicator without shutdown() (for instance while an exception unwinds) tells the
   // peers it failed.
@@ -51,7 +55,8 @@ class Communicator {
 };
 
 // Connects this process to the others over a c10d TCPStore (served by rank 0 at
-// info.master_addr:master_port) and Gloo process groups. Blocks until every rank has
+// info.master_addr:master_port, shared with a torch.distributed store of the same process on
+// that port; served by torchrun's agent when info.agent_store) and Gloo process groups. Blocks until every rank has
 // joined, for at most options.connect_timeout (TimeoutError naming the missing ranks).
 // ConfigError for a master port already in use or an unusable address.
 std::unique_ptr<Communicator> connect(const RankInfo& info, CommOptions options = {});

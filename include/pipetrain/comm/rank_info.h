@@ -33,6 +33,11 @@ struct RankInfo {
   std::string master_addr = "127.0.0.1";  // host of rank 0, which serves the TCPStore
   int master_port = 0;       // 0: a single process picks a free port itself
   Launcher launcher = Launcher::None;
+  // torchrun's elastic agent already serves the TCPStore on master_addr:master_port
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank, rank 0 included, joins it as a client,
+  // under a prefix of its restart attempt (TORCHELASTIC_RESTART_COUNT) as torch.distributed does.
+  bool agent_store = false;
+  int restart_count = 0;
   // How master_addr/master_port were obtained when the launcher did not set them
   // ("MASTER_PORT derived from OMPI_MCA_ess_base_jobid"), for logs.
   std::vector<std::string> notes;

@@ -1,0 +1,143 @@
+"""init_distributed: the torch.distributed default group of a pipetrain job (DeepSpeed's
+``deepspeed.init_distributed``), on the rendezvous the launcher gave (pipetrain launch, torchrun,
+mpirun, srun) as pipetrain's native engine reads it.
+
+One TCPStore serves the job on MASTER_PORT: torch.distributed's rank 0 serves it multi-tenant
+and pipetrain's engine shares it (its keys under "pipetrain/"), or torchrun's agent serves it
+and both join as clients (TORCHELASTIC_USE_AGENT_STORE=True).
+"""
+import atexit
+import json
+import os
+import socket
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from ..errors import ConfigError
+
+__all__ = ['init_distributed', 'launch_env']
+
+TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+try:
+    from torch.distributed.constants import default_pg_timeout
+except ImportError:  # pragma: no cover - every torch this package supports has it
+    from datetime import timedelta
+    default_pg_timeout = timedelta(minutes=30)
+
+# What torch.distributed's env:// rendezvous reads, filled from the launcher's variables: under
+# mpirun or srun a DeepSpeed script finds them in os.environ (DeepSpeed's MPI discovery sets them).
+_EXPORTED = (('RANK', 'rank'), ('WORLD_SIZE', 'world_size'), ('LOCAL_RANK', 'local_rank'),
+             ('LOCAL_WORLD_SIZE', 'local_world_size'), ('MASTER_ADDR', 'master_addr'), ('MASTER_PORT', 'master_port'))
+
+
+def launch_env():
+    """This process in its job as the launcher's environment says: a dict of rank, world_size,
+    local_rank, local_world_size, master_addr, master_port, launcher ('torchrun', 'OpenMPI',
+    'Slurm', 'no launcher'), agent_store."""
+    return _C.launch_env()
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _export(env):
+    for var, key in _EXPORTED:
+        os.environ.setdefault(var, str(env[key]))
+    if env['launcher'] == 'OpenMPI':
+        os.environ.setdefault('LOCAL_SIZE', str(env['local_world_size']))  # DeepSpeed's MPI discovery's name
+
+
+def _backend(dist_backend):
+    if dist_backend is None:
+        return 'nccl' if torch.cuda.is_available() and dist.is_nccl_available() else 'gloo'
+    name = str(dist_backend).lower()
+    available = {'gloo': dist.is_gloo_available(), 'nccl': dist.is_nccl_available() and torch.cuda.is_available(),
+                 'mpi': dist.is_mpi_available()}
+    if not available.get(name, False):
+        usable = [b for b, ok in available.items() if ok]
+        raise ConfigError(f'dist_backend {dist_backend!r} is not available in this torch (usable: {usable}); '
+                          'leave it None for gloo on CPU, nccl on GPUs')
+    return name
+
+
+def _check_config(config):
+    if config is None:
+        return
+    if isinstance(config, (str, os.PathLike)):
+        with open(config, encoding='utf-8') as f:
+            config = json.load(f)
+    if isinstance(config, dict) and (config.get('comms_logger') or {}).get('enabled'):
+        warnings.warn("init_distributed: the config's comms_logger is not supported; communication is not logged",
+                      stacklevel=3)
+
+
+def _adopt(rank, world_size, env):
+    if env['world_size'] > 1 and dist.get_world_size() != env['world_size']:
+        raise ConfigError(f'torch.distributed is initialized with world size {dist.get_world_size()} but the '
+                          f"launcher ({env['launcher']}) started {env['world_size']} ranks; make the group over every "
+                          'rank of the job (init_process_group with the default env:// rendezvous)')
+    for name, given, actual in (('rank', rank, dist.get_rank()), ('world_size', world_size, dist.get_world_size())):
+        if given >= 0 and given != actual:
+            raise ConfigError(f'init_distributed({name}={given}) but torch.distributed is initialized with '
+                              f'{name} {actual}; leave it -1')
+
+
+def _destroy_at_exit():
+    # Left to the interpreter's teardown, torch 1.13's gloo groups sometimes end a rank with
+    # "terminate called without an active exception" (about one exit in ten of a 4-rank job);
+    # destroyed while every module still lives, they close cleanly.
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=TORCH_DISTRIBUTED_DEFAULT_PORT,
+                     verbose=True, timeout=default_pg_timeout, init_method=None, dist_init_required=None,
+                     config=None, rank=-1, world_size=-1):
+    """Creates torch.distributed's default group for this job, or adopts the one the script made.
+
+    The rank, world size and rendezvous address come from the launcher's variables (pipetrain
+    launch or torchrun: RANK...; mpirun: OMPI_COMM_WORLD_*; srun: SLURM_*), which are exported to
+    os.environ as RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+    ``distributed_port`` is MASTER_PORT under mpirun or srun when it is not set (else derived from
+    the job id). ``dist_init_required=False`` makes nothing. A single process without a launcher
+    gets a group of one on a free port (and exports nothing).
+    """
+    _check_config(config)
+    if dist_init_required is False and not dist.is_initialized():
+        return
+    env = _C.launch_env()
+    if dist.is_initialized():
+        _adopt(rank, world_size, env)
+        return
+    if env['launcher'] in ('OpenMPI', 'Slurm'):
+        if not auto_mpi_discovery and 'RANK' not in os.environ:
+            raise ConfigError(f"init_distributed(auto_mpi_discovery=False) under {env['launcher']}: RANK, "
+                              'WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set; let it discover them (True) or '
+                              'export them')
+        if 'MASTER_PORT' not in os.environ and int(distributed_port) != TORCH_DISTRIBUTED_DEFAULT_PORT:
+            os.environ['MASTER_PORT'] = str(int(distributed_port))
+            env = _C.launch_env()
+    for name, given in (('rank', rank), ('world_size', world_size)):
+        if given >= 0 and given != env[name]:
+            raise ConfigError(f"init_distributed({name}={given}) but the launcher ({env['launcher']}) gives "
+                              f'{name} {env[name]}; leave it -1')
+    backend = _backend(dist_backend)
+    atexit.register(_destroy_at_exit)  # only for a group made here: an adopted one is the script's
+    if env['master_port'] == 0:
+        # One process without a launcher: a group of one on a free port of its own. Nothing is
+        # exported: a process this one starts must not take the variables for a launcher's.
+        dist.init_process_group(backend, init_method=init_method or f"tcp://{env['master_addr']}:{_free_port()}",
+                                timeout=timeout, rank=0, world_size=1)
+        return
+    _export(env)
+    if verbose and env['rank'] == 0:
+        print(f"pipetrain: initializing torch.distributed ({backend}, {env['world_size']} ranks via "
+              f"{env['launcher']}, master {env['master_addr']}:{env['master_port']})", flush=True)
+    dist.init_process_group(backend, init_method=init_method or 'env://', timeout=timeout, rank=env['rank'],
+                            world_size=env['world_size'])
