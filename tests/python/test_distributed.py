@@ -58,7 +58,8 @@ def test_deepspeed_order_and_second_layout_under_launch(tmp_path):
 def test_torch_group_made_first_is_adopted(tmp_path):
     """torch.distributed.init_process_group('gloo') by the script, then initialize: one store on
     MASTER_PORT serves both (it used to be 'address already in use' on rank 0)."""
-    launch(2, WORKER, 'torch-first', tmp_path, time_limit=120)
+    # USE_LIBUV=0: what a script that makes its own group needs on a torch 2.4+ without libuv.
+    launch(2, WORKER, 'torch-first', tmp_path, time_limit=120, env={'USE_LIBUV': '0'})
     check_collectives(results(tmp_path, 'torch-first', 2))
 
 
@@ -102,7 +103,10 @@ def test_torchrun_agent_store_contract(tmp_path):
     agent holds the TCPStore on MASTER_PORT and the workers get TORCHELASTIC_USE_AGENT_STORE=True;
     every rank must join that store, pipetrain's engine included, instead of serving one."""
     port = free_port()
-    agent_store = tdist.TCPStore('127.0.0.1', port, 3, True, wait_for_workers=False)  # the "agent"
+    try:  # the "agent"; torch 2.4+ would ask for a libuv server, which a Debian torch lacks
+        agent_store = tdist.TCPStore('127.0.0.1', port, 3, True, wait_for_workers=False, use_libuv=False)
+    except TypeError:  # torch before 2.4: no such argument, always the plain server
+        agent_store = tdist.TCPStore('127.0.0.1', port, 3, True, wait_for_workers=False)
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK='0', ROLE_RANK=str(rank),

@@ -128,6 +128,10 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
             raise ConfigError(f"init_distributed({name}={given}) but the launcher ({env['launcher']}) gives "
                               f'{name} {env[name]}; leave it -1')
     backend = _backend(dist_backend)
+    # torch 2.4+'s rendezvous asks for its libuv store server unless USE_LIBUV=0, and a torch
+    # built without libuv (Debian's) refuses that; the plain server, which pipetrain's engine
+    # uses too, serves a job of any size pipetrain runs. An explicit choice stays.
+    os.environ.setdefault('USE_LIBUV', '0')
     atexit.register(_destroy_at_exit)  # only for a group made here: an adopted one is the script's
     if env['master_port'] == 0:
         # One process without a launcher: a group of one on a free port of its own. Nothing is
