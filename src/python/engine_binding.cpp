@@ -11,6 +11,7 @@
 
 #include "batch_convert.h"
 #include "data_iterator.h"
+#include "interrupt.h"
 #include "layer.h"
 #include "pipetrain/comm/rank_info.h"
 #include "pipetrain/engine/layer_checkpoint.h"
@@ -155,18 +156,15 @@ class NativeEngine {
   }
 
   double train_batch(py::object iterator) {
-    PyDataIterator data(std::move(iterator));
-    py::gil_scoped_release release;
-    return engine_->train_batch(data);
+    auto data = std::make_shared<PyDataIterator>(std::move(iterator));
+    return interruptible([this, data] { return engine_->train_batch(*data); }, interrupter());  // Ctrl-C
   }
 
   py::tuple eval_batch(py::object iterator, bool return_outputs, int micro_batches) {
-    PyDataIterator data(std::move(iterator));
-    EvalResult result;
-    {
-      py::gil_scoped_release release;
-      result = engine_->eval_batch(data, return_outputs, micro_batches);
-    }
+    auto data = std::make_shared<PyDataIterator>(std::move(iterator));
+    EvalResult result = interruptible(
+        [this, data, return_outputs, micro_batches] { return engine_->eval_batch(*data, return_outputs, micro_batches); },
+        interrupter());
     py::list outputs;
     for (const auto& b : result.outputs) outputs.append(from_batch(b));
     py::list labels;  // for the per-micro-batch losses of eval_batch(reduce_output=None)
@@ -226,6 +224,11 @@ class NativeEngine {
   }
 
   PipelineEngine& engine() { return *engine_; }
+
+  // What Ctrl-C does to a running step: this rank's waits fail and the peers are told (interrupt.h).
+  std::function<void()> interrupter() {
+    return [comm = comm_] { comm->interrupt("it was interrupted (KeyboardInterrupt)"); };
+  }
 
  private:
   std::shared_ptr<comm::Communicator> comm_;

@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "batch_convert.h"
+#include "interrupt.h"
 #include "layer.h"
 #include "pipetrain/engine/gpipe.h"
 #include "pipetrain/error.h"
@@ -51,11 +52,8 @@ class NativeGPipe {
       training_ = training;
     }
     Batch in = to_batch(input, "the input");
-    Batch out;
-    {
-      py::gil_scoped_release release;  // the partitions' workers take it for Python layers
-      out = gpipe_->forward_batch(in);
-    }
+    // The partitions' workers take the GIL for Python layers; Ctrl-C interrupts them (interrupt.h).
+    Batch out = interruptible([gpipe = gpipe_, in]() mutable { return gpipe->forward_batch(in); }, nullptr);
     return from_batch(out);
   }
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import _C
 from .._layers import layer_name, native_layer
+from ..comm import init_distributed  # DeepSpeed's deepspeed.init_distributed, re-exported here
 from ..errors import ConfigError, UsageError
 from .engine_checkpoint import load, save
 from .engine_config import PYTHON_KEYS, check_local_rank, check_mpu, read_config, tensorboard_dir, warn_config
@@ -37,12 +38,6 @@ __all__ = ['initialize', 'PipelineEngine', 'RepeatingLoader', 'init_distributed'
 _live_engine = None
 # The connection to the peers outlives each engine (a later one reuses it) and ends at exit.
 atexit.register(_C.release_communicator)
-
-
-def init_distributed(dist_backend=None, timeout=None, **_):
-    """Accepted for DeepSpeed scripts: pipetrain's engine connects its ranks itself when it is
-    made (from the launcher's environment), so there is nothing to do here."""
-    del dist_backend, timeout
 
 
 def _loss_kind(loss_fn):
@@ -73,6 +68,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise TypeError(f'model is a {type(model).__name__}; pipetrain.initialize takes a '
                         'pipetrain.pipe.PipelineModule (the pipeline engine is the one it provides)')
     check_mpu(mpu)
+    # As DeepSpeed's: torch.distributed's default group exists after initialize (pipetrain.comm).
+    init_distributed(dist_init_required=dist_init_required, verbose=False)
     cfg = read_config(args, config, config_params)
     check_local_rank(args)
     groups = parameter_selection(model_parameters)
