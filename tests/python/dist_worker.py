@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 import torch
 from torch import nn
@@ -133,7 +134,6 @@ def mode_hang(out_dir):
             (out / 'ready').write_text('in the layer')
             while not (out / 'never').exists():
                 torch.tensor(0.0).add_(1)  # Python bytecode, as a real layer runs
-                import time
                 time.sleep(0.02)
             return x
 
