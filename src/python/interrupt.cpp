@@ -90,7 +90,13 @@ void run_interruptible(std::function<void()> work, const std::function<void()>& 
   }
   if (!signalled) {
     helper.join();
-    if (call->error) std::rethrow_exception(call->error);
+    if (call->error) {
+      // A peer's interrupt can end the work before this rank's own handler has run: the launcher
+      // (or the terminal) signals every rank, the first to notice tells the others. A signal
+      // already delivered here wins over the error it caused.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      std::rethrow_exception(call->error);
+    }
     return;
   }
   py::error_already_set signal_error;  // the handler's exception: KeyboardInterrupt on Ctrl-C
