@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint_device.h"
 #include "checkpoint_fault.h"
 #include "durable_file.h"
 #include "optimizer_compat.h"
@@ -80,7 +81,8 @@ void save_rng_state(const PipelineEngine& engine, const fs::path& path) {
 
 void load_rng_state(const PipelineEngine& engine, const fs::path& path) {
   torch::serialize::InputArchive archive;
-  archive.load_from(path.string());
+  // Generator states are CPU byte tensors, whatever the generator's device.
+  archive.load_from(path.string(), c10::Device(c10::kCPU));
   auto restore = [&](const char* key, const at::Generator& gen) {
     torch::Tensor state;
     if (!archive.try_read(key, state)) return false;
@@ -323,7 +325,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
     const auto path = verified(dir, part);
     try {
       torch::serialize::InputArchive archive;
-      archive.load_from(path.string());
+      // The state lives beside its parameters (an optimizer step mixes them).
+      archive.load_from(path.string(), detail::checkpoint_load_device(*module.ptr()));
       for (size_t i = 0; i < params.size(); ++i) {
         const auto key = optimizer_state_key(params[i]);
         if (!updated.count(key)) continue;
@@ -345,7 +348,7 @@ void load_module(torch::nn::AnyModule& module, const fs::path& dir, const json& 
   const auto path = verified(dir, layer_entry(dir, manifest, owner));
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(path.string());
+    archive.load_from(path.string(), detail::checkpoint_load_device(*module.ptr()));
     torch::NoGradGuard no_grad;
     module.ptr()->load(archive);
   } catch (const c10::Error& e) {
@@ -370,7 +373,7 @@ void load_module_lenient(torch::nn::AnyModule& module, const fs::path& dir, cons
   const auto path = verified(dir, layer_entry(dir, manifest, owner));
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(path.string());
+    archive.load_from(path.string(), detail::checkpoint_load_device(*module.ptr()));
     torch::NoGradGuard no_grad;
     load_module_lenient(*module.ptr(), archive);
   } catch (const c10::Error& e) {
