@@ -2,6 +2,7 @@
 #include "py_layer.h"
 
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/DynamicTypes.h>
 
 #include <unordered_set>
 
@@ -46,6 +47,18 @@ void train_python(const PyRef& module, bool on, const std::string& name) {
   with_gil(name + ".train()", [&] { module.get().attr("train")(on); });
 }
 
+// module.to(*args) under the GIL. Python's nn.Module.to replaces each tensor's data in place
+// (param.data = ...), so the tensors mirrored on the shell stay the Python module's own.
+void to_python(const PyRef& module, const std::string& name, const py::tuple& args) {
+  with_gil(name + ".to()", [&] { module.get().attr("to")(*args); });
+}
+
+py::object py_device(torch::Device device) { return py::module_::import("torch").attr("device")(device.str()); }
+
+py::object py_dtype(torch::Dtype dtype) {
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype)));
+}
+
 }  // namespace
 
 void mirror_tensors(py::handle module, torch::nn::Module& shell) {
@@ -68,6 +81,21 @@ void PyLayerImpl::train(bool on) {
   train_python(module_, on, name_);
 }
 
+void PyLayerImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  with_gil(name_ + ".to()", [&] { to_python(module_, name_, py::make_tuple(py_device(device), py_dtype(dtype))); });
+  torch::nn::Module::to(device, dtype, non_blocking);
+}
+
+void PyLayerImpl::to(torch::Dtype dtype, bool non_blocking) {
+  with_gil(name_ + ".to()", [&] { to_python(module_, name_, py::make_tuple(py_dtype(dtype))); });
+  torch::nn::Module::to(dtype, non_blocking);
+}
+
+void PyLayerImpl::to(torch::Device device, bool non_blocking) {
+  with_gil(name_ + ".to()", [&] { to_python(module_, name_, py::make_tuple(py_device(device))); });
+  torch::nn::Module::to(device, non_blocking);
+}
+
 void PyLayerImpl::pretty_print(std::ostream& stream) const { stream << "pipetrain.PyLayer(" << name_ << ")"; }
 
 PySkippableImpl::PySkippableImpl(py::object module, skip::SkipDeclaration declaration, std::string name)
@@ -83,6 +111,21 @@ torch::Tensor PySkippableImpl::forward(const torch::Tensor& input) { return forw
 void PySkippableImpl::train(bool on) {
   torch::nn::Module::train(on);
   train_python(module_, on, name_);
+}
+
+void PySkippableImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  with_gil(name_ + ".to()", [&] { to_python(module_, name_, py::make_tuple(py_device(device), py_dtype(dtype))); });
+  skip::SkippableImpl::to(device, dtype, non_blocking);
+}
+
+void PySkippableImpl::to(torch::Dtype dtype, bool non_blocking) {
+  with_gil(name_ + ".to()", [&] { to_python(module_, name_, py::make_tuple(py_dtype(dtype))); });
+  skip::SkippableImpl::to(dtype, non_blocking);
+}
+
+void PySkippableImpl::to(torch::Device device, bool non_blocking) {
+  with_gil(name_ + ".to()", [&] { to_python(module_, name_, py::make_tuple(py_device(device))); });
+  skip::SkippableImpl::to(device, non_blocking);
 }
 
 }  // namespace pipetrain::python

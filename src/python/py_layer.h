@@ -18,7 +18,8 @@
 namespace pipetrain::python {
 
 // Registers the Python module's parameters and persistent buffers on `shell`, and a child
-// module per Python child, recursively. A tensor met twice (a weight shared inside the layer)
+// module per Python child, recursively (non-persistent buffers stay out of checkpoints; they
+// reach the device through PyLayer::to, which moves the Python module). A tensor met twice (a weight shared inside the layer)
 // is registered once, where Python's named_parameters() lists it. Under the GIL.
 void mirror_tensors(py::handle module, torch::nn::Module& shell);
 
@@ -32,6 +33,12 @@ class PyLayerImpl : public torch::nn::Module, public BatchLayer {
   torch::Tensor forward(const torch::Tensor& input);
   // Sets the Python module's mode too (dropout and batch norm inside it follow).
   void train(bool on = true) override;
+  // Moves or casts the Python module itself (module.to, as DeepSpeed places a stage's layers),
+  // so that what is not mirrored here, non-persistent buffers (a causal mask, a rotary table),
+  // follows the parameters onto the stage's device; then the mirrored tensors, the same ones.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
   void pretty_print(std::ostream& stream) const override;
 
   const PyRef& module() const { return module_; }
@@ -52,6 +59,10 @@ class PySkippableImpl : public skip::SkippableImpl, public BatchLayer {
   Batch forward_batch(const Batch& input) override;
   torch::Tensor forward(const torch::Tensor& input);
   void train(bool on = true) override;
+  // As PyLayerImpl's: the Python module moves itself, non-persistent buffers included.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
 
   const PyRef& module() const { return module_; }
 

@@ -96,6 +96,25 @@ def _destroy_at_exit():
         dist.destroy_process_group()
 
 
+def cuda_device_for(local_rank, device_count):
+    """The CUDA device index of the process with this LOCAL_RANK: its own GPU where the node's
+    GPUs are all visible, the one GPU where the launcher shows each process one
+    (CUDA_VISIBLE_DEVICES per rank, srun --gpus-per-task=1)."""
+    if device_count == 1:
+        return 0
+    if 0 <= local_rank < device_count:
+        return local_rank
+    raise ConfigError(f'LOCAL_RANK {local_rank} but this process sees {device_count} CUDA devices; start at most '
+                      f'{device_count} processes per node, or show each process its own GPU (CUDA_VISIBLE_DEVICES)')
+
+
+def _set_cuda_device(env):
+    """Makes the process's own GPU the current CUDA device (DeepSpeed's engine does the same with
+    LOCAL_RANK), so that NCCL groups, .cuda() and pipetrain's 'cuda' device name pick it."""
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        torch.cuda.set_device(cuda_device_for(int(env.get('local_rank', 0)), torch.cuda.device_count()))
+
+
 def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=TORCH_DISTRIBUTED_DEFAULT_PORT,
                      verbose=True, timeout=default_pg_timeout, init_method=None, dist_init_required=None,
                      config=None, rank=-1, world_size=-1):
@@ -106,12 +125,14 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     os.environ as RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
     ``distributed_port`` is MASTER_PORT under mpirun or srun when it is not set (else derived from
     the job id). ``dist_init_required=False`` makes nothing. A single process without a launcher
-    gets a group of one on a free port (and exports nothing).
+    gets a group of one on a free port (and exports nothing). Where CUDA is available, the
+    current CUDA device becomes LOCAL_RANK's GPU (the only one, where each process sees one).
     """
     _check_config(config)
     if dist_init_required is False and not dist.is_initialized():
         return
     env = _C.launch_env()
+    _set_cuda_device(env)
     if dist.is_initialized():
         _adopt(rank, world_size, env)
         return
