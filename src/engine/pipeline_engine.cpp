@@ -5,6 +5,7 @@
 #include <torch/version.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -66,6 +67,38 @@ schedule::Schedule read_train_schedule_csv(const EngineConfig& config, int stage
         "pipeline.schedule_csv {}: the schedule runs {} micro-batches, gradient_accumulation_steps is {}; set it to {}", path,
         sched.num_micro_batches, config.gradient_accumulation_steps, sched.num_micro_batches));
   return sched;
+}
+
+// The parameters a tied key shares across stages: those its specs name (DeepSpeed's
+// tied_weight_attr), or all of the module's. The others stay each stage's own, so they are
+// neither broadcast at start nor all-reduced with the key's group.
+std::vector<torch::Tensor> tied_parameters(const std::vector<LayerSpec>& layers, const std::string& key,
+                                           const torch::nn::Module& module) {
+  const LayerSpec* named = nullptr;
+  for (const auto& spec : layers) {
+    if (spec.tied_key != key) continue;
+    if (named && named->tied_params != spec.tied_params) {
+      throw ConfigError(fmt::format("tied key '{}' names its tied parameters twice, differently: [{}] and [{}]; "
+                                    "give every use of the key the same tied_weight_attr",
+                                    key, fmt::join(named->tied_params, ", "), fmt::join(spec.tied_params, ", ")));
+    }
+    named = &spec;
+  }
+  if (!named || named->tied_params.empty()) return module.parameters();
+  const auto all = module.named_parameters();
+  std::vector<torch::Tensor> out;
+  for (const auto& name : named->tied_params) {
+    const auto* p = all.find(name);
+    if (!p) {
+      std::vector<std::string> have;
+      for (const auto& item : all) have.push_back(item.key());
+      throw ConfigError(fmt::format("tied key '{}' ties parameter '{}', which its module does not have (its "
+                                    "parameters: [{}]); name one of those in tied_weight_attr",
+                                    key, name, fmt::join(have, ", ")));
+    }
+    out.push_back(*p);
+  }
+  return out;
 }
 
 }  // namespace
@@ -180,7 +213,7 @@ PipelineEngine::PipelineEngine(PipelineModule module, EngineConfig config,
     if (it == local_tied.end()) continue;
     Tied t;
     t.key = key;
-    t.params = it->second.ptr()->parameters();
+    t.params = tied_parameters(module_.layers, key, *it->second.ptr());
     t.counts_in_norm = *stages.begin() == stage();
     tied_.push_back(std::move(t));
   }

@@ -24,15 +24,17 @@ namespace pipetrain::python {
 namespace {
 
 // A layer's spec as the Python front end describes it: (name, type, tied key, layer, forward
-// function, stash keys, pop keys). `layer` is a Layer (built on this rank), a callable that
+// function, stash keys, pop keys[, tied parameter names]). `layer` is a Layer (built on this rank), a callable that
 // builds one (for partitioning by parameter counts), or None (another rank's layer).
 LayerSpec to_spec(py::handle item, size_t index) {
   auto t = item.cast<py::tuple>();
-  if (t.size() != 7) throw UsageError("pipetrain._C: a layer spec is a 7-tuple (internal)");
+  if (t.size() != 7 && t.size() != 8) throw UsageError("pipetrain._C: a layer spec is a 7- or 8-tuple (internal)");
   LayerSpec spec;
   spec.name = t[0].cast<std::string>();
   spec.type = t[1].cast<std::string>();
   spec.tied_key = t[2].cast<std::string>();
+  // The 8th item: the tied key's parameter names (tied_weight_attr); None ties them all.
+  if (t.size() == 8 && !t[7].is_none()) spec.tied_params = t[7].cast<std::vector<std::string>>();
   PyRef layer(py::reinterpret_borrow<py::object>(t[3]));
   const std::string where = fmt::format("layer {} ({})", index, spec.name);
   spec.build = [layer, where]() -> torch::nn::AnyModule {

@@ -28,6 +28,9 @@ struct LayerSpec {
   std::string type;      // matched by partitioning on a type regex, e.g. "Linear"
   Factory build;         // makes a fresh module (its own initialisation)
   std::string tied_key;  // empty for a plain layer
+  // The tied parameters by name (DeepSpeed's tied_weight_attr): only these are shared across
+  // stages, the module's others stay each stage's own. Empty: every parameter is tied.
+  std::vector<std::string> tied_params;
   Forward forward;       // empty: call the module's own forward
   // What the layer stashes and pops (skip/skippable.h). Every stage needs the whole model's
   // skips to route them, but builds only its own layers, so the spec carries them; a built

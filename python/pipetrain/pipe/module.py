@@ -187,16 +187,19 @@ class PipelineModule(nn.Module):
         self._build_local()
 
     def _check_tied_weight_attrs(self):
-        """pipetrain's engine ties a key's whole module across stages; DeepSpeed ties only
-        ``tied_weight_attr``. They agree when the attributes are all the module's parameters, or
-        when every use of the key is on one stage (one module there in both): else refused."""
+        """Which parameters each tied key shares across stages, as DeepSpeed's tied_weight_attr:
+        only those named; the module's others stay each stage's own (the engine broadcasts and
+        all-reduces the named ones alone). None: all of them (one stage holds every use, or an
+        attribute is missing, which DeepSpeed fails on)."""
         keys = {}
         for i, spec in enumerate(self._layer_specs):
             if isinstance(spec, TiedLayerSpec):
                 keys.setdefault(spec.key, []).append(i)
+        self._tied_param_names = {}
         for key, uses in keys.items():
             spec = self._layer_specs[uses[0]]
             attrs = [spec.tied_weight_attr] if isinstance(spec.tied_weight_attr, str) else list(spec.tied_weight_attr)
+            self._tied_param_names[key] = None
             if len({self.stage_owner(i) for i in uses}) < 2:
                 continue
             with torch.random.fork_rng(devices=[]):
@@ -209,12 +212,7 @@ class PipelineModule(nn.Module):
                               f'{type(module).__name__} (its parameters: {names}); pipetrain ties all of them',
                               stacklevel=3)
                 continue
-            untied = [n for n in names if n not in attrs]
-            if untied:
-                raise ConfigError(f'TiedLayerSpec {key!r} ties {attrs} of a {type(module).__name__} used on stages '
-                                  f'{sorted({self.stage_owner(i) for i in uses})}, which also has {untied}: '
-                                  'DeepSpeed keeps those apart per stage, pipetrain ties the whole module. Tie '
-                                  f'all of them (tied_weight_attr={names}) or move {untied} into a layer of its own')
+            self._tied_param_names[key] = attrs
 
     # -- partitioning (DeepSpeed's, cut for cut) --------------------------------------------------
     def _count_layer_params(self):
@@ -404,7 +402,8 @@ class PipelineModule(nn.Module):
             layer = layers[i]
             if isinstance(layer, _C.Layer):
                 layer = self._guarded(i, layer)
-            out.append((self._type_name(i), self._type_name(i), key, layer, forward, stash, pop))
+            tied = self._tied_param_names.get(key) if key else None
+            out.append((self._type_name(i), self._type_name(i), key, layer, forward, stash, pop, tied))
         return out
 
     # -- DeepSpeed's accessors -------------------------------------------------------------------

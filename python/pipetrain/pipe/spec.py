@@ -32,10 +32,11 @@ class LayerSpec:
 
 class TiedLayerSpec(LayerSpec):
     """Layers with one ``key`` share one module: built once per stage that holds any of them,
-    equal on every stage at the start, their gradients summed over those stages each step.
     ``forward_fn(module, input)`` replaces the module's forward at this use (an output
-    projection through the embedding's weight, say). pipetrain ties the whole module, which
-    for the usual embedding is ``tied_weight_attr``'s weight alone."""
+    projection through the embedding's weight, say). As in DeepSpeed, only the parameters
+    ``tied_weight_attr`` names (a str or a list) are tied across stages: equal on every stage
+    at the start, their gradients summed over the stages holding the key each step; the
+    module's other parameters stay each stage's own."""
 
     def __init__(self, key, typename, *module_args, forward_fn=None, tied_weight_attr='weight', **module_kwargs):
         super().__init__(typename, *module_args, **module_kwargs)
