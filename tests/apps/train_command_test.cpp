@@ -221,7 +221,9 @@ TEST_F(TrainCommand, CnnShortRunReportsAccuracy) {
 // Three processes over Gloo: the stem's skip goes from stage 0 straight to stage 2, the block
 // skips cross one boundary each; the pipelined losses equal the one-process reference's.
 TEST_F(TrainCommand, ResnetSkipsAcrossThreeProcessesMatchTheReference) {
-  const auto r = cli("train --example resnet --stages 3 --steps 3 --eval-samples 200 --run-dir " + dir_.string());
+  // The reference's micro-batches (batch norm sees each), not the count the default would choose.
+  const auto r = cli("train --example resnet --stages 3 --steps 3 --micro-batches 4 --eval-samples 200 --run-dir " +
+                     dir_.string());
   ASSERT_EQ(r.status, 0) << r.output;
   const auto s = last_line_json(r.output);
   EXPECT_EQ(s["example"], "resnet");
@@ -246,8 +248,8 @@ TEST_F(TrainCommand, GptShortRunPrintsASample) {
 // stages x 2 replicas trains the model the one-process reference trains, each rank keeping about
 // half its stage's optimizer state; the resume continues from the sharded checkpoint.
 TEST_F(TrainCommand, GptZero1OnTwoReplicasMatchesTheReferenceWithHalfTheOptimizerState) {
-  const auto r = cli("train --example gpt --stages 2 --replicas 2 --zero-stage 1 --steps 3 --eval-samples 64 "
-                     "--sample-length 0 --run-dir " + dir_.string());
+  const auto r = cli("train --example gpt --stages 2 --replicas 2 --zero-stage 1 --steps 3 --micro-batches 2 "
+                     "--eval-samples 64 --sample-length 0 --run-dir " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.output;
   const auto s = last_line_json(r.output);
   EXPECT_EQ(s["zero_stage"], 1);

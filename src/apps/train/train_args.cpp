@@ -7,6 +7,7 @@
 #include "pipetrain/error.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace pipetrain::apps {
 
@@ -27,6 +28,7 @@ std::vector<std::string> TrainArgs::worker_arguments() const {
   add("--epochs", epochs, epochs > 0);
   add("--config", config_file, !config_file.empty());
   add("--plan", plan, !plan.empty());
+  add("--balance", fmt::format("{}", fmt::join(balance, ",")), !balance.empty());
   add("--eval-every", eval_every, eval_every > 0);
   add("--eval-samples", eval_samples, eval_samples > 0);
   add("--dropout", dropout, dropout > 0);
@@ -85,6 +87,11 @@ void add_train_options(CLI::App& sub, const std::shared_ptr<TrainArgs>& args) {
                  "train with a plan's layout, balance and checkpointing (pipetrain plan's output; its last "
                  "JSON line)")
       ->check(CLI::ExistingFile);
+  sub.add_option("--balance", args->balance,
+                 "layers per stage, comma-separated (e.g. 5,7); default: the split with the fastest predicted "
+                 "step on the example's layers profiled here (the summary's split line says which and why)")
+      ->delimiter(',')
+      ->check(positive());
   sub.add_option("--run-dir", args->run_dir, "where metrics, plots, trace, checkpoint and summary go "
                                              "(default runs/<example>-<time>)");
   sub.add_flag("--resume", args->resume, "continue from the checkpoint in --run-dir (any stage count)");

@@ -24,6 +24,7 @@ struct TrainArgs {
   double epochs = 0;
   std::string config_file;
   std::string plan;  // a plan file (pipetrain plan): layout, balance, checkpointing
+  std::vector<int64_t> balance;  // layers per stage; empty: chosen from measured costs (default_split.h)
   std::string run_dir;
   bool resume = false;
   int64_t checkpoint_every = 0;  // also save every N steps (0: at the end only)

@@ -1,6 +1,7 @@
 // `pipetrain train`: trains an example across local processes (one per stage and replica),
 // then prints a summary and writes the run directory.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <ctime>
@@ -11,6 +12,7 @@
 
 #include "apps/commands.h"
 #include "apps/examples/example.h"
+#include "apps/train/default_split.h"
 #include "apps/train/run_files.h"
 #include "apps/train/train_args.h"
 #include "apps/train/train_monitor.h"
@@ -52,6 +54,7 @@ void print_summary(const json& s) {
                            s["stages"].get<int>(), s["replicas"].get<int>(),
                            tensor > 1 ? fmt::format(" x {} tensor-parallel", tensor) : "", s["micro_batches"].get<int>(),
                            s["micro_batch_size"].get<int>(), s["schedule"].get<std::string>());
+  if (s.contains("split")) std::cout << "split             " << s["split"].get<std::string>() << "\n";
   std::cout << fmt::format("bubble            {:.1f}% measured, {:.1f}% simulated\n",
                            100 * s["bubble_measured"].get<double>(), 100 * s["bubble_simulated"].get<double>());
   for (const auto& r : s["ranks"]) {
@@ -93,6 +96,15 @@ int run_train(TrainArgs args) {
   const int tensor = static_cast<int>(config.tensor_parallel.size);
   const int nproc = stages * args.replicas * tensor;
   check_layout(stages, static_cast<int>(ex.layers.size()), nproc, args);
+  if (!args.balance.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : args.balance) sum += n;
+    if (sum != static_cast<int64_t>(ex.layers.size()))
+      throw ConfigError(fmt::format("--balance {} sums to {} layers; example {} has {}: give counts that sum to {}",
+                                    fmt::join(args.balance, ","), sum, ex.name, ex.layers.size(), ex.layers.size()));
+  }
+  // The split is chosen here, once, and given to every rank on its command line.
+  const std::string split = choose_train_split(args, ex, config, nproc);
   if (args.run_dir.empty()) args.run_dir = default_run_dir(args.example);
   args.run_dir = fs::absolute(args.run_dir).string();
   if (args.resume && checkpoint_step((fs::path(args.run_dir) / "checkpoint").string()) < 0) {
@@ -103,7 +115,8 @@ int run_train(TrainArgs args) {
   std::cout << fmt::format("pipetrain train: example {} ({}), {} stages x {} replicas{} as {} processes\n", ex.name,
                            ex.description, stages, args.replicas,
                            tensor > 1 ? fmt::format(" x {} tensor-parallel", tensor) : "", nproc)
-            << util::describe_blas(util::blas_info()) << "\nrun directory: " << args.run_dir << std::endl;
+            << util::describe_blas(util::blas_info()) << "\n" << split << "\nrun directory: " << args.run_dir
+            << std::endl;
 
   std::vector<std::string> command{fs::read_symlink("/proc/self/exe").string()};
   const auto worker = args.worker_arguments();
@@ -125,6 +138,7 @@ int run_train(TrainArgs args) {
   std::ifstream in(dir / "summary.json");
   if (!in) throw Error("the ranks finished but wrote no " + (dir / "summary.json").string());
   json summary = json::parse(in);
+  summary["split"] = split;
   write_loss_curve(dir / "metrics.jsonl", dir / "loss.svg", ex.name, ex.metric.name);
   if (ex.sample && args.sample_length > 0) {
     // Generation runs in this process, on the whole model loaded from the per-layer checkpoint.
@@ -154,6 +168,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   add_train_options(*sub, args);
   sub->callback([args, sub, &exit_code] {
     TrainArgs a = *args;
+    if (!a.plan.empty() && !a.balance.empty())
+      throw UsageError("--balance and --plan both give the split; drop --balance to train the plan's, or --plan");
     if (!a.worker && !a.plan.empty()) {
       apply_plan_file(a, sub->get_option("--example")->count() > 0);
       a.plan = fs::absolute(a.plan).string();  // the ranks may start elsewhere

@@ -145,6 +145,11 @@ EngineConfig make_train_config(const TrainArgs& args, const examples::Example& e
     plan.replicas = static_cast<int>(args.replicas);
     apply_plan(plan, config);
   }
+  if (!args.balance.empty()) {
+    // Given by the user, or chosen from measured costs by the launching process (default_split.h).
+    config.pipeline.partition_method = "balance";
+    config.pipeline.balance = args.balance;
+  }
   if (!args.precision.empty()) config.set_precision(args.precision);
   if (args.tensor_parallel > 0) config.tensor_parallel.size = args.tensor_parallel;
   if (args.zero_stage >= 0) {
@@ -352,6 +357,7 @@ int run_train_worker(const TrainArgs& args) {
                     {"tensor_parallel", engine.tensor_parallel_size()},
                     {"micro_batches", engine.micro_batches()},
                     {"micro_batch_size", config.train_micro_batch_size_per_gpu},
+                    {"balance", engine.balance()},
                     {"schedule", schedule::kind_name(engine.train_schedule().kind)},
                     {"precision", config.precision()},
                     {"steps", total},
