@@ -56,10 +56,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     if (has_task_generator()) state->task_generator = clone_generator(current_generator());
     const auto& sharded = current_tensor_parallel().sharded_rng;
     if (sharded.defined()) state->sharded_rng = clone_generator(sharded);
-    // In a task known to draw nothing there is nothing to replay (and the default generator
-    // moves under other threads' leases meanwhile).
-    std::optional<RngSnapshot> before;
-    if (!free_of_draws()) before = RngSnapshot::capture();
+    // In a task known to draw nothing from the CPU generator there is nothing of it to replay
+    // (and it moves under other threads' leases meanwhile); the device generators are saved
+    // always (checkpoint_rng_snapshot).
+    std::optional<RngSnapshot> before = checkpoint_rng_snapshot();
     Tensors out;
     {
       FlagScope flag(checkpointing_, true);

@@ -56,6 +56,20 @@ RngSnapshot RngSnapshot::capture() {
   return snapshot;
 }
 
+RngSnapshot RngSnapshot::capture_devices() {
+  RngSnapshot snapshot;
+  const int64_t cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
+  for (int64_t d = 0; d < cuda_devices; ++d) {
+    snapshot.cuda.push_back(
+        generator_state(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, d))));
+  }
+  return snapshot;
+}
+
+RngSnapshot checkpoint_rng_snapshot() {
+  return free_of_draws() ? RngSnapshot::capture_devices() : RngSnapshot::capture();
+}
+
 void RngSnapshot::restore() const {
   if (cpu.defined()) set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
   restore_cuda();
@@ -69,7 +83,7 @@ void RngSnapshot::restore_cuda() const {
 }
 
 bool RngSnapshot::moved_since() const {
-  const RngSnapshot now = capture();
+  const RngSnapshot now = cpu.defined() ? capture() : capture_devices();
   if (cpu.defined() && !(now.cpu_position == cpu_position)) return true;
   for (size_t d = 0; d < cuda.size() && d < now.cuda.size(); ++d) {
     if (!torch::equal(now.cuda[d], cuda[d])) return true;
@@ -159,9 +173,16 @@ TaskGeneratorScope::TaskGeneratorScope(at::Generator generator)
 
 TaskGeneratorScope::~TaskGeneratorScope() { task_generator_ = std::move(previous_); }
 
+namespace {
+at::Generator device_generator(size_t d) {
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
+}
+}  // namespace
+
 DefaultGeneratorLease::DefaultGeneratorLease()
     : outer_(active_lease_), lock_(lock_rng("DefaultGeneratorLease")), previous_policy_(policy_) {
   installed_ = CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator());
+  devices_installed_ = RngSnapshot::capture_devices().cuda;
   policy_ = kLeased;
   active_lease_ = this;
   ++lock_depth_;
@@ -175,7 +196,22 @@ DefaultGeneratorLease::DefaultGeneratorLease(at::Generator stream)
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
   saved_ = generator_state(cpu);
   set_generator_state(cpu, generator_state(stream_));
+  // Each device generator starts from a seed the task's stream draws (its draws on a GPU then
+  // depend on the task, not on which task ran first); its own state comes back at the end.
+  devices_saved_ = RngSnapshot::capture_devices().cuda;
+  for (size_t d = 0; d < devices_saved_.size(); ++d) {
+    uint64_t seed = 0;
+    {
+      at::Generator gen = cpu;
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+    }
+    at::Generator device = device_generator(d);
+    std::lock_guard<std::mutex> lock(device.mutex());
+    device.set_current_seed(seed);
+  }
   installed_ = CpuGeneratorPosition::of(cpu);
+  devices_installed_ = RngSnapshot::capture_devices().cuda;
   policy_ = kLeased;
   active_lease_ = this;
   ++lock_depth_;
@@ -189,10 +225,15 @@ DefaultGeneratorLease::~DefaultGeneratorLease() {
   const at::Generator cpu = at::detail::getDefaultCPUGenerator();
   set_generator_state(stream_, generator_state(cpu));
   set_generator_state(cpu, saved_);
+  for (size_t d = 0; d < devices_saved_.size(); ++d) set_generator_state(device_generator(d), devices_saved_[d]);
 }
 
 bool DefaultGeneratorLease::drew() const {
-  return !(CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator()) == installed_);
+  if (!(CpuGeneratorPosition::of(at::detail::getDefaultCPUGenerator()) == installed_)) return true;
+  for (size_t d = 0; d < devices_installed_.size(); ++d) {
+    if (!torch::equal(generator_state(device_generator(d)), devices_installed_[d])) return true;
+  }
+  return false;
 }
 
 LeaseSuspension::LeaseSuspension() {

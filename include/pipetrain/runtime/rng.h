@@ -42,6 +42,8 @@ struct RngSnapshot {
   std::vector<torch::Tensor> cuda;  // one per CUDA device; empty without CUDA
 
   static RngSnapshot capture();
+  // The device generators alone (every CUDA device; nothing without CUDA), `cpu` left undefined.
+  static RngSnapshot capture_devices();
   // Puts every captured state back (a default snapshot restores nothing).
   void restore() const;
   // Puts the CUDA generators' captured states back, leaving the CPU generator as it is.
@@ -49,6 +51,12 @@ struct RngSnapshot {
   // Whether a generator's state now differs from the captured one (something drew).
   bool moved_since() const;
 };
+
+// What a checkpoint saves before its forward, to replay on recomputation: the default CPU
+// generator unless this thread's task is known to draw nothing from it (free_of_draws()), and the
+// device generators always, as torch.utils.checkpoint does: a dropout nested in a custom block on
+// a GPU draws from the device's generator, whatever the CPU's draw history says.
+RngSnapshot checkpoint_rng_snapshot();
 
 // The process-wide lock around seeded sections of the default CPU generator.
 std::recursive_timed_mutex& rng_mutex();
@@ -107,7 +115,12 @@ class TaskGeneratorScope {
 //   DefaultGeneratorLease()        lends it as it is (the engine: one stream per process)
 //   DefaultGeneratorLease(stream)  lends it starting from `stream`'s state; at the end the
 //                                  stream takes the state the draws left and the default
-//                                  generator gets its own back (GPipe: one stream per task)
+//                                  generator gets its own back (GPipe: one stream per task).
+//                                  Each device's default generator (CUDA) is seeded from the
+//                                  stream for the scope and gets its own state back at the end,
+//                                  so partitions sharing a GPU draw the same masks whatever
+//                                  order their tasks run in.
+// drew() sees the device generators too: a part whose dropout draws on a GPU stays leased.
 class DefaultGeneratorLease {
  public:
   DefaultGeneratorLease();
@@ -126,6 +139,8 @@ class DefaultGeneratorLease {
   at::Generator stream_;
   torch::Tensor saved_;             // the default generator's own state (stream leases)
   CpuGeneratorPosition installed_;  // where it was when the lease began
+  std::vector<torch::Tensor> devices_installed_;  // the device generators' states then
+  std::vector<torch::Tensor> devices_saved_;      // their own states (stream leases)
   int previous_policy_;
 };
 
