@@ -151,6 +151,12 @@ void C10dGroup::barrier(const std::string& what) {
   run(what, "barrier", [&] {
     c10d::BarrierOptions opts;
     opts.timeout = options_.timeout();
+    // NCCL's barrier is an all-reduce on a device: name the rank's own, or c10d guesses one
+    // from the rank number (the wrong GPU, a hang, where ranks do not map to GPUs 0..n-1).
+    const auto device = options_.device();
+    if (options_.backend() == Backend::Nccl && device.is_cuda() && device.has_index()) {
+      opts.device_ids.push_back(device.index());
+    }
     return pg_->barrier(opts);
   });
 }
