@@ -144,18 +144,35 @@ uint32_t file_crc32(const fs::path& path) {
   return static_cast<uint32_t>(crc);
 }
 
-// The layer whose file holds layer i's module: itself, or a tied key's first use.
+// The layer whose file holds layer i's module: itself, or a tied key's first use. A key that
+// ties only some parameters (DeepSpeed's tied_weight_attr) leaves each use's module its own
+// other parameters, so each use has its own file, as DeepSpeed writes one per layer.
 std::vector<int64_t> owners(const std::vector<LayerSpec>& specs) {
   std::map<std::string, int64_t> first;
   std::vector<int64_t> out;
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& key = specs[i].tied_key;
-    if (key.empty()) {
+    if (key.empty() || !specs[i].tied_params.empty()) {
       out.push_back(static_cast<int64_t>(i));
       continue;
     }
     first.emplace(key, static_cast<int64_t>(i));
     out.push_back(first[key]);
+  }
+  return out;
+}
+
+// The files a load reads: as owners(), except that a use with no file of its own (written while
+// its key tied the whole module) loads its key's first use, the one file written then.
+std::vector<int64_t> load_owners(const std::vector<LayerSpec>& specs, const json& manifest) {
+  auto out = owners(specs);
+  std::map<std::string, int64_t> first;
+  const auto& files = manifest.at("files");
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& key = specs[i].tied_key;
+    if (key.empty()) continue;
+    first.emplace(key, static_cast<int64_t>(i));
+    if (!files.contains(std::to_string(out[i]))) out[i] = first[key];
   }
   return out;
 }
@@ -441,7 +458,7 @@ void install(const fs::path& partial, const fs::path& dir) {
 int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manifest,
                   const CheckpointLoadOptions& options = {}) {
   check_layers(manifest, engine.module().layers.size(), dir);
-  const auto owner = owners(engine.module().layers);
+  const auto owner = load_owners(engine.module().layers, manifest);
   // A layer the manifest lists no file for is found before any layer loads.
   for (const auto& [index, module] : engine.local_layers()) {
     layer_entry(dir, manifest, owner[static_cast<size_t>(index)]);
@@ -484,7 +501,7 @@ int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manif
 int64_t load_into(BuiltLayers& layers, const fs::path& dir, const json& manifest, torch::optim::Optimizer* optimizer,
                   const std::string& optimizer_type) {
   check_layers(manifest, layers.specs.size(), dir);
-  const auto owner = owners(layers.specs);
+  const auto owner = load_owners(layers.specs, manifest);
   for (size_t i = 0; i < layers.modules.size(); ++i) layer_entry(dir, manifest, owner[i]);  // before any loads
   std::set<const void*> seen;
   for (size_t i = 0; i < layers.modules.size(); ++i) {

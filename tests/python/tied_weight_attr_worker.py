@@ -1,5 +1,6 @@
 """One rank of test_tied_weight_attr.py: trains each model with pipetrain.initialize on 2 stages
 and writes its losses and its layers' weights for the test to compare with the oracle."""
+import gc
 import os
 import pathlib
 import sys
@@ -26,7 +27,21 @@ def run(model, out_dir, steps=2):
     data = iter([cases.micro_batch(model, i) for i in range(steps * 4)])
     losses = [engine.train_batch(data).item() for _ in range(steps)]
     state = {i: {k: v.detach().clone() for k, v in m.state_dict().items()} for i, m in module.local_layers.items()}
-    torch.save({'losses': losses, 'state': state, 'parts': module.parts, 'stage': engine.stage_id},
+    stage = engine.stage_id
+    # A checkpoint keeps each use's untied parameters: a fresh model (other start values) that
+    # loads it holds exactly the trained state.
+    ckpt = pathlib.Path(out_dir) / f'ckpt-{model}'
+    engine.save_checkpoint(ckpt)
+    del engine
+    gc.collect()
+    fresh = PipelineModule(layers=cases.specs(model), loss_fn=nn.MSELoss(), num_stages=2,
+                           partition_method='uniform')
+    engine, _, _, _ = pipetrain.initialize(model=fresh, config=config)
+    engine.load_checkpoint(ckpt)
+    loaded = {i: {k: v.detach().clone() for k, v in m.state_dict().items()} for i, m in fresh.local_layers.items()}
+    del engine
+    gc.collect()
+    torch.save({'losses': losses, 'state': state, 'loaded': loaded, 'parts': module.parts, 'stage': stage},
                pathlib.Path(out_dir) / f'{model}-rank{rank}.pt')
 
 
