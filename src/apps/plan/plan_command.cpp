@@ -16,6 +16,7 @@
 #include "apps/bench/bench_subject.h"
 #include "apps/commands.h"
 #include "apps/plan/plan_calibration.h"
+#include "apps/plan/profile_costs.h"
 #include "apps/plan/plan_file.h"
 #include "apps/plan/plan_profile_file.h"
 #include "pipetrain/comm/threads.h"
@@ -197,20 +198,7 @@ int run_plan(const PlanArgs& a) {
                                  mib(l.state_bytes));
       }
     }
-    schedule::LayerCosts c;
-    for (const auto& l : profile.layers) {
-      c.forward.push_back(l.forward_s);
-      c.backward_input.push_back(l.backward_input_s);
-      c.backward_weight.push_back(l.backward_weight_s);
-      c.optimizer.push_back(l.optimizer_s);
-      c.activation_bytes.push_back(l.activation_bytes);
-      c.output_bytes.push_back(l.output_bytes);
-      c.param_bytes.push_back(l.param_bytes);
-      c.state_bytes.push_back(l.state_bytes);
-      c.weight_bytes.push_back(l.weight_bytes);
-    }
-    c.input_bytes = profile.input_bytes;
-    measured.costs[m] = std::move(c);
+    measured.costs[m] = layer_costs(profile);
   }
   if (a.load_profile.empty()) {
     // The optimizer step's memory traffic, measured beside the other ranks' updates: every rank

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "apps/plan/plan_calibration.h"
+#include "apps/plan/profile_costs.h"
 #include "apps/train/split_choice.h"
 #include "pipetrain/batch/microbatch.h"
 #include "pipetrain/error.h"
@@ -70,23 +71,6 @@ class ProfileThreads {
  private:
   int saved_;
 };
-
-schedule::LayerCosts to_costs(const runtime::LayerProfile& p) {
-  schedule::LayerCosts c;
-  for (const auto& l : p.layers) {
-    c.forward.push_back(l.forward_s);
-    c.backward_input.push_back(l.backward_input_s);
-    c.backward_weight.push_back(l.backward_weight_s);
-    c.optimizer.push_back(l.optimizer_s);
-    c.activation_bytes.push_back(l.activation_bytes);
-    c.output_bytes.push_back(l.output_bytes);
-    c.param_bytes.push_back(l.param_bytes);
-    c.state_bytes.push_back(l.state_bytes);
-    c.weight_bytes.push_back(l.weight_bytes);
-  }
-  c.input_bytes = p.input_bytes;
-  return c;
-}
 
 // balance-by-time's costs (forward + backward per layer, skips allowed) as planner costs: the
 // backward taken as twice the forward, no bytes (the split is by time; transfers by latency).
@@ -194,7 +178,7 @@ std::string choose_train_split(TrainArgs& args, const examples::Example& ex, con
         } else {
           const auto profile = runtime::profile_layers(ex.layers, sample, po);
           r.search.fill_waits = profile.accumulates_natively;
-          costs = dsd::to_costs(profile);
+          costs = layer_costs(profile);
         }
         if (repeat == 0) r.search.costs[m] = std::move(costs);
         else dsd::keep_least(r.search.costs[m], costs);
