@@ -29,9 +29,11 @@ def test_balance_cost_is_the_min_max_split():
 
 
 def test_balance_by_time_follows_the_slow_layers():
-    model = nn.Sequential(Sleep(0.001), Sleep(0.001), Sleep(0.001), Sleep(0.03))
+    # [3, 1] wins while twice a fast layer's time stays under the slow one's: with 1 ms against
+    # 250 ms, a busy machine's wake-up delays (each layer pays one) would have to pass 240 ms.
+    model = nn.Sequential(Sleep(0.001), Sleep(0.001), Sleep(0.001), Sleep(0.25))
     assert balance_by_time(2, model, torch.rand(1), timeout=0.5) == [3, 1]
-    model = nn.Sequential(Sleep(0.03), Sleep(0.001), Sleep(0.001), Sleep(0.001))
+    model = nn.Sequential(Sleep(0.25), Sleep(0.001), Sleep(0.001), Sleep(0.001))
     assert balance_by_time(2, model, torch.rand(1), timeout=0.5) == [1, 3]
 
 
