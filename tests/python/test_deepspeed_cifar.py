@@ -190,6 +190,8 @@ def _reference_worker():
     parser.add_argument('--data-dir', required=True)
     parser.add_argument('--synthetic-size', type=int, required=True)
     args = parser.parse_args()
+    # Debian's torch 2.x has no libuv, which env:// asks for unless USE_LIBUV=0.
+    os.environ.setdefault('USE_LIBUV', '0')
     torch.distributed.init_process_group('gloo', init_method='env://')
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     with open(args.config, encoding='utf-8') as f:

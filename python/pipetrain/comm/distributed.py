@@ -164,5 +164,21 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     if verbose and env['rank'] == 0:
         print(f"pipetrain: initializing torch.distributed ({backend}, {env['world_size']} ranks via "
               f"{env['launcher']}, master {env['master_addr']}:{env['master_port']})", flush=True)
+    if init_method is None and os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True':
+        # A client of torchrun's agent store. torch's own rendezvous makes that client with its
+        # default, libuv, which a torch built without libuv (Debian's 2.x) refuses whatever
+        # USE_LIBUV says: the client is made here, plain.
+        dist.init_process_group(backend, store=_agent_store_client(env, timeout), rank=env['rank'],
+                                world_size=env['world_size'], timeout=timeout)
+        return
     dist.init_process_group(backend, init_method=init_method or 'env://', timeout=timeout, rank=env['rank'],
                             world_size=env['world_size'])
+
+
+def _agent_store_client(env, timeout):
+    args = (env['master_addr'], env['master_port'], env['world_size'], False)
+    kwargs = {'timeout': timeout} if timeout is not None else {}
+    try:
+        return dist.TCPStore(*args, use_libuv=False, **kwargs)
+    except TypeError:  # torch before 2.4: no such argument, always the plain client
+        return dist.TCPStore(*args, **kwargs)
