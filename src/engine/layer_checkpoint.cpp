@@ -360,20 +360,6 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::string&
   }
 }
 
-void load_module(torch::nn::AnyModule& module, const fs::path& dir, const json& manifest, int64_t owner,
-                 int64_t layer) {
-  const auto path = verified(dir, layer_entry(dir, manifest, owner));
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(path.string(), detail::checkpoint_load_device(*module.ptr()));
-    torch::NoGradGuard no_grad;
-    module.ptr()->load(archive);
-  } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("layer {} does not match {}: {}", layer, path.string(),
-                                      e.what_without_backtrace()));
-  }
-}
-
 // DeepSpeed's load_module_strict=False: what the file and the module share loads, the rest of
 // either side is left alone.
 void load_module_lenient(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
@@ -385,14 +371,20 @@ void load_module_lenient(torch::nn::Module& module, torch::serialize::InputArchi
   }
 }
 
-void load_module_lenient(torch::nn::AnyModule& module, const fs::path& dir, const json& manifest, int64_t owner,
-                         int64_t layer) {
+// Loads layer `layer`'s file into `module`: every tensor of both sides (strict), or only those
+// they share.
+void load_module(torch::nn::AnyModule& module, const fs::path& dir, const json& manifest, int64_t owner,
+                 int64_t layer, bool strict = true) {
   const auto path = verified(dir, layer_entry(dir, manifest, owner));
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(path.string(), detail::checkpoint_load_device(*module.ptr()));
     torch::NoGradGuard no_grad;
-    load_module_lenient(*module.ptr(), archive);
+    if (strict) {
+      module.ptr()->load(archive);
+    } else {
+      load_module_lenient(*module.ptr(), archive);
+    }
   } catch (const c10::Error& e) {
     throw CheckpointError(fmt::format("layer {} does not match {}: {}", layer, path.string(),
                                       e.what_without_backtrace()));
@@ -464,11 +456,7 @@ int64_t load_into(PipelineEngine& engine, const fs::path& dir, const json& manif
     layer_entry(dir, manifest, owner[static_cast<size_t>(index)]);
   }
   for (auto& [index, module] : engine.local_layers()) {
-    if (options.strict) {
-      load_module(module, dir, manifest, owner[static_cast<size_t>(index)], index);
-    } else {
-      load_module_lenient(module, dir, manifest, owner[static_cast<size_t>(index)], index);
-    }
+    load_module(module, dir, manifest, owner[static_cast<size_t>(index)], index, options.strict);
     if (options.module_only || !options.optimizer_states) {
       detail::cut_loaded_shards(*module.ptr(), engine.optimizer());
       continue;
