@@ -88,12 +88,31 @@ def _adopt(rank, world_size, env):
                               f'{name} {actual}; leave it -1')
 
 
+def _gloo_backends():
+    """The gloo backends of every group (torch 2.x, where a group holds its backends; none in 1.13)."""
+    backends = []
+    for group in list(dist.distributed_c10d._world.pg_map):  # pylint: disable=protected-access
+        try:
+            backends.append(group._get_backend(torch.device('cpu')))  # pylint: disable=protected-access
+        except (AttributeError, RuntimeError):
+            pass
+    return backends
+
+
 def _destroy_at_exit():
     # Left to the interpreter's teardown, torch 1.13's gloo groups sometimes end a rank with
     # "terminate called without an active exception" (about one exit in ten of a 4-rank job);
     # destroyed while every module still lives, they close cleanly.
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    # torch 2.x: a gloo worker that drops a finished collective's tensor, whose Python object the
+    # script has let go, takes the GIL while it holds its queue lock; ~ProcessGroupGloo run by
+    # destroy_process_group under the GIL waits for that lock: a hang in one 4-rank exit in three.
+    # Holding the backends past destroy_process_group moves their destructors to the release of
+    # these references, whose holder lets the GIL go first.
+    backends = _gloo_backends()
+    dist.destroy_process_group()
+    del backends
 
 
 def cuda_device_for(local_rank, device_count):
