@@ -91,7 +91,8 @@ def _adopt(rank, world_size, env):
 def _gloo_backends():
     """The gloo backends of every group (torch 2.x, where a group holds its backends; none in 1.13)."""
     backends = []
-    for group in list(dist.distributed_c10d._world.pg_map):  # pylint: disable=protected-access
+    world = getattr(dist.distributed_c10d, '_world', None)  # torch 2.x's registry of groups
+    for group in list(world.pg_map) if world is not None else []:
         try:
             backends.append(group._get_backend(torch.device('cpu')))  # pylint: disable=protected-access
         except (AttributeError, RuntimeError):
