@@ -9,10 +9,18 @@
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/device.h"
 #include "pipetrain/runtime/dropout.h"
+#include "pipetrain/runtime/gemm.h"
+#include "pipetrain/runtime/pipeline_backward.h"
 #include "pipetrain/skip/plan.h"
 
 namespace pipetrain {
 namespace {
+
+std::vector<int64_t> micro_batch_keys(int64_t first, int64_t count) {
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < count; ++i) keys.push_back(first + i);
+  return keys;
+}
 
 uint64_t draw_seed() {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -68,6 +76,25 @@ GPipeImpl::GPipeImpl(const torch::nn::Sequential& module, const GPipeOptions& op
     }
     auto plan = std::make_shared<const skip::SkipPlan>(declarations, names);
     for (auto& stage : stages_) stage.skips = plan;
+    for (const auto& route : plan->routes()) {
+      for (const auto& stage : stages_) {
+        const int64_t end = stage.first_layer + static_cast<int64_t>(stage.layers->size());
+        if (route.stash_layer >= stage.first_layer && route.stash_layer < end) {
+          stash_partitions_.emplace_back(route.key, stage.index);
+        }
+      }
+    }
+  }
+
+  if (options_.deferred_linear()) {
+    const runtime::GemmKernel kernel = runtime::parse_gemm_kernel(options_.gemm_kernel());
+    for (auto& stage : stages_) {
+      for (const auto& layer : *stage.layers) {
+        auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(layer.ptr());
+        stage.fast.push_back(linear ? std::make_shared<runtime::DeferredLinear>(torch::nn::Linear(linear), kernel)
+                                    : nullptr);
+      }
+    }
   }
 
   auto partitions = torch::nn::ModuleList();
@@ -103,22 +130,60 @@ Batch GPipeImpl::forward_batch(const Batch& input) {
       case Checkpoint::Never: checkpoint_stop = 0; break;
     }
   }
-  if (!workers_) {
-    workers_ = std::make_unique<runtime::WorkerPool>(num_partitions(),
-                                                     options_.intra_op_threads());
+  if (!workers_ || workers_->abandoned()) {  // a task that hung keeps the old pool's thread
+    workers_ = std::make_shared<runtime::WorkerPool>(num_partitions(), options_.intra_op_threads());
   }
+  // Training: each task's graph is its own and the backward runs as a pipeline on the workers
+  // (runtime/pipeline_backward.h); otherwise there is no backward to run.
+  std::shared_ptr<runtime::StepGraph> graph;
+  if (torch::GradMode::is_enabled() && needs_backward(input)) {
+    graph = std::make_shared<runtime::StepGraph>(m, num_partitions());
+  }
+  const std::vector<Batch> inputs = batches;
+  // The caller's optimizer may have changed the weights in place since the last step, which
+  // the fast path's cached copies of them would not see.
+  for (const auto& stage : stages_) {
+    for (const auto& d : stage.fast) {
+      if (d) d->weights_changed();
+    }
+  }
+  const int64_t first_mb = next_mb_;
+  next_mb_ += m;
   try {
-    runtime::run_pipeline(stages_, batches, checkpoint_stop, draw_seed(), *workers_, options_.task_timeout());
-  } catch (const TimeoutError&) {
-    for (auto& bn : deferred_) bn->discard();
-    workers_.reset();  // abandoned by run_pipeline: its hung thread is detached, not joined
-    throw;
+    runtime::run_pipeline(stages_, batches, checkpoint_stop, draw_seed(), *workers_, options_.task_timeout(),
+                          graph.get(), first_mb);
   } catch (...) {
     for (auto& bn : deferred_) bn->discard();
+    if (!workers_->abandoned()) {  // every task is done: what the step kept can go
+      for (const auto& stage : stages_) {
+        for (const auto& d : stage.fast) {
+          if (d) d->discard(micro_batch_keys(first_mb, m));
+        }
+      }
+    }
     throw;
   }
   for (auto& bn : deferred_) bn->commit();
-  return gather(batches);
+  if (!graph) return gather(batches);
+  runtime::BackwardPlan plan;
+  plan.stages = stages_;
+  plan.workers = workers_;
+  plan.task_timeout_s = options_.task_timeout();
+  plan.inputs = inputs;
+  plan.caller_input = input;
+  plan.stash_partition = stash_partitions_;
+  plan.first_mb = first_mb;
+  return runtime::attach_pipelined_backward(std::move(graph), std::move(plan), batches);
+}
+
+bool GPipeImpl::needs_backward(const Batch& input) const {
+  for (const auto& t : input.tensors()) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  for (const auto& p : parameters()) {
+    if (p.requires_grad()) return true;
+  }
+  return false;
 }
 
 std::shared_ptr<torch::nn::Module> GPipeImpl::operator[](int64_t index) const {

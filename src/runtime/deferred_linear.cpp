@@ -422,6 +422,12 @@ void DeferredLinear::forget(int64_t mb) {
   operands_bf16_.erase(mb);
 }
 
+void DeferredLinear::discard(const std::vector<int64_t>& mbs) {
+  for (int64_t mb : mbs) {
+    if (std::find(order_.begin(), order_.end(), mb) == order_.end() && !grads_.count(mb)) forget(mb);
+  }
+}
+
 void DeferredLinear::clear() {
   inputs_.clear();
   grads_.clear();

@@ -12,8 +12,8 @@
 #include "pipetrain/error.h"
 #include "pipetrain/runtime/autocast.h"
 #include "pipetrain/runtime/clock.h"
-#include "pipetrain/runtime/dependency.h"
 #include "pipetrain/runtime/device.h"
+#include "pipetrain/runtime/pipeline_backward.h"
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/runtime/skip_range.h"
 #include "pipetrain/runtime/stream.h"
@@ -26,7 +26,7 @@ namespace {
 // `arrived_on`: the copy stream the input came on from another device, if it did.
 Batch run_task(const Stage& stage, const Batch& arrived, const std::optional<c10::Stream>& arrived_on, int64_t i,
                bool checkpoint, uint64_t seed, const at::ThreadLocalState& caller_state,
-               const AutocastState& caller_autocast, skip::SkipTracker& tracker) {
+               const AutocastState& caller_autocast, skip::SkipTracker& tracker, TaskEnds* ends, int64_t first_mb) {
   at::ThreadLocalStateGuard state(caller_state);
   // The caller's mixed precision (its autocast dtype is not part of ThreadLocalState in 1.13).
   // A worker never leaves autocast's outermost scope, so it would never clear cached casts of
@@ -49,62 +49,59 @@ Batch run_task(const Stage& stage, const Batch& arrived, const std::optional<c10
   // one (an optional skip) has no device and arrives as it is.
   for (const auto& r : plan.pops_in(first, last)) {
     torch::Tensor t = tracker.pop(r.key);
-    tracker.stash(r.key, !t.defined() || t.device() == stage.device ? t : t.to(stage.device));
+    if (t.defined() && t.device() != stage.device) t = t.to(stage.device);
+    if (ends) {  // the stashing partition's graph ends here: its gradient goes back by the plan
+      SkipEnd end;
+      end.key = r.key;
+      t = enter_partition(t, end.slot);
+      ends->popped.push_back(std::move(end));
+    }
+    tracker.stash(r.key, t);
   }
   // The closure outlives this call when checkpointed: backward runs it again to recompute.
-  auto run = [stage](const Batch& x) {
+  auto run = [stage, mb = first_mb + i](const Batch& x) {
     DeviceScope device(stage.device);
-    return forward_stage(stage, x);
+    return forward_stage(stage, x, mb);
   };
-  return run_with_skips(plan, first, last, input, tracker, checkpoint, run);
+  Batch output = run_with_skips(plan, first, last, input, tracker, checkpoint, run);
+  if (ends) {
+    for (const auto& r : plan.stashes_out(first, last)) {
+      torch::Tensor t = tracker.pop(r.key);
+      tracker.stash(r.key, t);
+      SkipEnd end;
+      end.key = r.key;
+      end.stashed = GraphEnd::of(t);
+      ends->stashed.push_back(std::move(end));
+    }
+    for (const auto& t : output.tensors()) ends->outputs.push_back(GraphEnd::of(t));
+  }
+  return output;
 }
 
 }  // namespace
 
-Batch forward_stage(const Stage& stage, const Batch& input) {
+Batch forward_stage(const Stage& stage, const Batch& input, int64_t mb) {
   Batch batch = input;
   int64_t index = stage.first_layer;
+  size_t k = 0;
   torch::nn::Sequential layers = stage.layers;  // a handle: the layers are shared, not copied
-  for (auto& layer : *layers) batch = call_layer(layer, batch, index++);
+  for (auto& layer : *layers) {
+    const auto& fast = k < stage.fast.size() ? stage.fast[k] : nullptr;
+    batch = fast && batch.atomic() ? Batch(fast->forward(batch.tensor(), mb)) : call_layer(layer, batch, index);
+    ++index;
+    ++k;
+  }
   return batch;
 }
 
-void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
-                  int64_t checkpoint_stop, uint64_t seed, WorkerPool& workers, double task_timeout_s) {
-  TORCH_INTERNAL_ASSERT(workers.size() == static_cast<int64_t>(stages.size()),
-                        "one worker per stage");
-  const auto m = static_cast<int64_t>(batches.size());
-  const auto n = static_cast<int64_t>(stages.size());
-  // Owned jointly with the tasks: a task still running after its wait timed out must find
-  // them alive when this frame is gone.
-  auto caller_state = std::make_shared<const at::ThreadLocalState>();
-  auto caller_autocast = std::make_shared<const AutocastState>(AutocastState::current());
-  auto trackers = std::make_shared<std::vector<skip::SkipTracker>>(static_cast<size_t>(m));
+void run_ticks(const std::vector<Tick>& ticks, WorkerPool& workers, double task_timeout_s, const char* phase,
+               const TaskMaker& make, const ResultSink& sink) {
   const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(task_timeout_s));
-  // torchgpipe's copy streams: one per partition, where activations arrive from the previous
-  // partition's device (on the CPU the one no-op stream).
-  std::vector<c10::Stream> copy_streams;
-  for (const auto& stage : stages) copy_streams.push_back(new_copy_stream(stage.device));
-  for (const Tick& tick : clock_cycles(m, n)) {
+  for (const Tick& tick : ticks) {
     std::vector<TaskResult<Batch>> results;
     results.reserve(tick.size());
-    for (const auto& [i, j] : tick) {
-      const Stage& stage = stages[j];
-      // Backward of (i, j) before (i - 1, j); only where devices run backward concurrently.
-      if (i > 0 && !stage.device.is_cpu()) depend(batches[i - 1], batches[i]);
-      const bool crossing = j > 0 && stages[j - 1].device != stage.device;
-      Batch input = crossing ? copy_on_stream(batches[i], current_stream(stages[j - 1].device), copy_streams[j])
-                             : copy_to(batches[i], stage.device);
-      const bool checkpoint = i < checkpoint_stop;
-      std::optional<c10::Stream> arrived_on;
-      if (crossing) arrived_on = copy_streams[j];
-      results.push_back(workers.submit<Batch>(j, [stage, caller_state, caller_autocast, trackers, input, i, checkpoint, seed,
-                                                  arrived_on] {
-        return run_task(stage, input, arrived_on, i, checkpoint, seed, *caller_state, *caller_autocast,
-                        (*trackers)[static_cast<size_t>(i)]);
-      }));
-    }
+    for (const auto& [i, j] : tick) results.push_back(workers.submit<Batch>(j, make(i, j)));
     // Wait for every task of the tick, even after a failure (none may run on into the next
     // tick), each until the tick's deadline.
     const auto deadline = std::chrono::steady_clock::now() + budget;
@@ -113,18 +110,54 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
       if (!results[t].wait_until(deadline)) {
         workers.abandon();
         throw TimeoutError(fmt::format(
-            "GPipe: partition {} did not finish micro-batch {} within {} s (GPipeOptions::task_timeout); a layer "
-            "of that partition hangs or needs longer: fix the layer or raise task_timeout",
-            tick[t].second, tick[t].first, task_timeout_s));
+            "GPipe: partition {} did not finish the {} of micro-batch {} within {} s (GPipeOptions::task_timeout); "
+            "a layer of that partition hangs or needs longer: fix the layer or raise task_timeout",
+            tick[t].second, phase, tick[t].first, task_timeout_s));
       }
       try {
-        batches[tick[t].first] = results[t].get();
+        sink(tick[t].first, tick[t].second, results[t].get());
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
     }
     if (failure) std::rethrow_exception(failure);
   }
+}
+
+void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches, int64_t checkpoint_stop,
+                  uint64_t seed, WorkerPool& workers, double task_timeout_s, StepGraph* graph, int64_t first_mb) {
+  TORCH_INTERNAL_ASSERT(workers.size() == static_cast<int64_t>(stages.size()),
+                        "one worker per stage");
+  const auto m = static_cast<int64_t>(batches.size());
+  // Owned jointly with the tasks: a task still running after its wait timed out must find
+  // them alive when this frame is gone.
+  auto caller_state = std::make_shared<const at::ThreadLocalState>();
+  auto caller_autocast = std::make_shared<const AutocastState>(AutocastState::current());
+  auto trackers = std::make_shared<std::vector<skip::SkipTracker>>(static_cast<size_t>(m));
+  // torchgpipe's copy streams: one per partition, where activations arrive from the previous
+  // partition's device (on the CPU the one no-op stream).
+  std::vector<c10::Stream> copy_streams;
+  for (const auto& stage : stages) copy_streams.push_back(new_copy_stream(stage.device));
+  auto make = [&](int64_t i, int64_t j) -> std::function<Batch()> {
+    const Stage& stage = stages[j];
+    const bool crossing = j > 0 && stages[j - 1].device != stage.device;
+    Batch input = crossing ? copy_on_stream(batches[i], current_stream(stages[j - 1].device), copy_streams[j])
+                           : copy_to(batches[i], stage.device);
+    TaskEnds* ends = nullptr;
+    if (graph) {
+      ends = &graph->at(i, j);
+      input = enter_partition(input, ends->inputs);
+    }
+    const bool checkpoint = i < checkpoint_stop;
+    std::optional<c10::Stream> arrived_on;
+    if (crossing) arrived_on = copy_streams[j];
+    return [stage, caller_state, caller_autocast, trackers, input, i, checkpoint, seed, arrived_on, ends, first_mb] {
+      return run_task(stage, input, arrived_on, i, checkpoint, seed, *caller_state, *caller_autocast,
+                      (*trackers)[static_cast<size_t>(i)], ends, first_mb);
+    };
+  };
+  run_ticks(clock_cycles(m, static_cast<int64_t>(stages.size())), workers, task_timeout_s, "forward", make,
+            [&](int64_t i, int64_t, Batch output) { batches[i] = std::move(output); });
 }
 
 }  // namespace pipetrain::runtime

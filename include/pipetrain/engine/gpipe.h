@@ -58,6 +58,14 @@ struct GPipeOptions {
   TORCH_ARG(bool, convert_dropout) = true;
   // OpenMP threads for each worker (ATen kernels, an OpenMP BLAS); 0 leaves the default.
   TORCH_ARG(int64_t, intra_op_threads) = 0;
+  // torch::nn::Linear layers take the engine's fast path (runtime/deferred_linear.h): backward
+  // computes their input gradients per micro-batch and their weight gradients once per step,
+  // one product over every micro-batch. A backward that keeps the graph (retain_graph) needs
+  // it off.
+  TORCH_ARG(bool, deferred_linear) = true;
+  // The fast path's GEMM: "auto" (pipetrain's native kernel on AVX2/AVX-512 CPUs), "native",
+  // "onednn" or "blas" (runtime/gemm.h).
+  TORCH_ARG(std::string, gemm_kernel) = "auto";
   // Seconds one clock tick's tasks (a micro-batch through a partition) may take before forward
   // throws a TimeoutError naming the partition and micro-batch instead of waiting for ever.
   // The hung task's thread is left to finish alone; the next forward starts new workers.
@@ -104,12 +112,19 @@ class GPipeImpl : public torch::nn::Module {
   void pretty_print(std::ostream& stream) const override;
 
  private:
+  // Whether a forward now builds a graph: an input or a parameter requires grad.
+  bool needs_backward(const Batch& input) const;
+
   GPipeOptions options_;
   std::vector<runtime::Stage> stages_;
   std::vector<std::shared_ptr<torch::nn::Module>> layers_;
   std::vector<torch::Device> devices_;
   std::vector<std::shared_ptr<runtime::DeferredBatchNormImpl>> deferred_;
-  std::unique_ptr<runtime::WorkerPool> workers_;  // started at the first forward
+  // Started at the first forward; shared with the backward of each step (runtime/pipeline_backward.h).
+  std::shared_ptr<runtime::WorkerPool> workers_;
+  int64_t next_mb_ = 0;  // the next step's first micro-batch key (runtime::run_pipeline)
+  // The partition that stashes each skip (for the backward's routing).
+  std::vector<std::pair<skip::SkipKey, int64_t>> stash_partitions_;
   std::mutex forward_mutex_;                      // one forward at a time
 };
 TORCH_MODULE(GPipe);

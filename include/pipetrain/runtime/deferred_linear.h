@@ -83,6 +83,9 @@ class DeferredLinear {
   std::vector<int64_t> pending() const;
   // Drops everything kept (after a failed step).
   void clear();
+  // Drops what is kept for micro-batches `mbs` whose backward has not run (a forward whose
+  // graph was dropped without a backward); the others are left to backward_weight.
+  void discard(const std::vector<int64_t>& mbs);
 
   // The weights were modified in place without a version bump (LibTorch's optimizers write
   // through .data()), so the cached W^T (oneDNN) and packed W (native) must be rebuilt. Call

@@ -15,9 +15,8 @@
 // its own task generator seeded from (seed, i, j) (runtime/rng.h), so random layers draw the
 // same numbers whatever the threads' timing, and a checkpoint's recomputation repeats them.
 //
-// The outputs are ordinary autograd tensors: the graph runs from the last partition's outputs
-// through every partition back to the inputs, so backward on the gathered output is one
-// ordinary autograd pass (on the thread that calls it).
+// In training each task's graph is its own, and the backward runs as a pipeline on the same
+// workers when autograd reaches the gathered output (runtime/pipeline_backward.h).
 //
 // Failure: when a task throws, the tick's other tasks are still awaited, no further tick
 // starts (upstream partitions stop early), and the first exception is rethrown unchanged.
@@ -27,10 +26,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "pipetrain/batch/batch.h"
+#include "pipetrain/runtime/clock.h"
+#include "pipetrain/runtime/deferred_linear.h"
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/runtime/worker.h"
 #include "pipetrain/skip/plan.h"
@@ -46,13 +48,23 @@ struct Stage {
   // The whole model's skips (shared by its stages); null or empty without skips.
   std::shared_ptr<const skip::SkipPlan> skips;
   std::shared_ptr<DrawHistory> draws = std::make_shared<DrawHistory>();  // runtime/rng.h
+  // By layer: the engine's Linear fast path (runtime/deferred_linear.h), null where a layer
+  // does not take it. Used on the stage's worker only.
+  std::vector<std::shared_ptr<DeferredLinear>> fast;
 };
 
-// Runs the layers of `stage` on `input` in order.
-Batch forward_stage(const Stage& stage, const Batch& input);
+// Runs the layers of `stage` on `input` in order; `mb` keys what a fast-path Linear keeps for
+// its weight gradient (unique per micro-batch among the steps whose backward is pending).
+Batch forward_stage(const Stage& stage, const Batch& input, int64_t mb);
+
+class StepGraph;  // runtime/pipeline_backward.h
 
 // Runs every micro-batch through every stage, in place: batches[i] becomes the last stage's
 // output for micro-batch i. `workers` has one worker per stage.
+//
+// With `graph` (training), each task's graph is its own and its ends are recorded there, for
+// the pipelined backward (runtime/pipeline_backward.h); without, the outputs carry one graph
+// through every partition back to the inputs (or none, under no_grad).
 //
 // Skips: micro-batch i's stashed tensors wait in its own tracker between the stage that
 // stashes them and the stage that pops them, which moves them to its device (directly, not
@@ -60,7 +72,19 @@ Batch forward_stage(const Stage& stage, const Batch& input);
 // Each task must finish within `task_timeout_s` of its tick's start: a later one is a
 // TimeoutError naming partition and micro-batch, the pool is abandoned (WorkerPool::abandon;
 // the caller must not reuse it) and the late task, which owns what it uses, runs on alone.
-void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
-                  int64_t checkpoint_stop, uint64_t seed, WorkerPool& workers, double task_timeout_s);
+// Micro-batch i is keyed `first_mb + i` for the fast-path Linear layers (forward_stage).
+void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches, int64_t checkpoint_stop,
+                  uint64_t seed, WorkerPool& workers, double task_timeout_s, StepGraph* graph = nullptr,
+                  int64_t first_mb = 0);
+
+// The clock both halves of a step run on: the tasks of each tick are made on the calling
+// thread (`make(i, j)`), queued on worker j and all awaited, each until the tick's deadline,
+// even after one has failed; `sink` takes each result on the calling thread. Then the next
+// tick, or the first failure rethrown; a task past its deadline is a TimeoutError naming the
+// `phase` ("forward", "backward"), the partition and the micro-batch, and abandons the pool.
+using TaskMaker = std::function<std::function<Batch()>(int64_t i, int64_t j)>;
+using ResultSink = std::function<void(int64_t i, int64_t j, Batch result)>;
+void run_ticks(const std::vector<Tick>& ticks, WorkerPool& workers, double task_timeout_s, const char* phase,
+               const TaskMaker& make, const ResultSink& sink);
 
 }  // namespace pipetrain::runtime

@@ -15,6 +15,7 @@
 // destroyed on one of its own workers all the same, that thread is detached, not joined.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -85,6 +86,7 @@ class WorkerPool {
 
   // The destructor will detach the threads instead of joining them (a task has hung).
   void abandon() { abandoned_ = true; }
+  bool abandoned() const { return abandoned_; }
 
   // Whether the calling thread is one of this pool's workers.
   bool on_worker() const;
@@ -125,7 +127,7 @@ class WorkerPool {
 
   std::vector<std::shared_ptr<Queue>> queues_;  // shared with their threads
   std::vector<std::thread> threads_;
-  bool abandoned_ = false;
+  std::atomic<bool> abandoned_{false};  // set by whichever thread's wait timed out
 };
 
 }  // namespace pipetrain::runtime
