@@ -124,6 +124,10 @@ class GPipe(nn.Module):
         native_layers (bool): run torch.nn layers of the known types natively (default True,
             or PIPETRAIN_NATIVE_LAYERS=0).
         intra_op_threads (int): OpenMP threads of each partition's worker (0: LibTorch's default).
+        deferred_linear (bool): nn.Linear layers run natively take the engine's fast path: their
+            input gradients per micro-batch, each weight gradient once per step in one product
+            (default True). A backward with retain_graph=True through them raises
+            pipetrain.UsageError: pass False to backward through one forward more than once.
 
     Raises:
         TypeError: the module is not an nn.Sequential.
@@ -138,7 +142,7 @@ class GPipe(nn.Module):
 
     def __init__(self, module, balance=None, *, devices=None, chunks=chunks, checkpoint=checkpoint,
                  deferred_batch_norm=False, task_timeout=DEFAULT_TASK_TIMEOUT, native_layers=None,
-                 intra_op_threads=0):
+                 intra_op_threads=0, deferred_linear=True):
         super().__init__()
         chunks = int(chunks)
         checkpoint = str(checkpoint)
@@ -164,6 +168,7 @@ class GPipe(nn.Module):
             raise ValueError(recommend_auto_balance(str(exc))) from None
         self._task_timeout = float(task_timeout)
         self._intra_op_threads = int(intra_op_threads)
+        self._deferred_linear = bool(deferred_linear)
         self._native_layers = native_layers
         self._native = None
         self._native_key = None
@@ -219,7 +224,7 @@ class GPipe(nn.Module):
                 layers.append(native_layer(layer, layer_name(i, layer), False if key[0] else self._native_layers))
             balance.append(len(partition))
         self._native = _C.GPipe(layers, balance, [str(d) for d in self.devices], self.chunks, self.checkpoint,
-                                self.training, self._task_timeout, self._intra_op_threads)
+                                self.training, self._task_timeout, self._intra_op_threads, self._deferred_linear)
         self._native_key = key
         return self._native
 

@@ -22,7 +22,7 @@ class NativeGPipe {
  public:
   NativeGPipe(std::vector<LayerPtr> layers, std::vector<int64_t> balance, const std::vector<std::string>& devices,
               int64_t chunks, const std::string& checkpoint, bool training, double task_timeout,
-              int64_t intra_op_threads)
+              int64_t intra_op_threads, bool deferred_linear)
       : layers_(std::move(layers)), training_(training) {
     std::vector<torch::Device> devs;
     for (const auto& d : devices) devs.emplace_back(d);
@@ -31,7 +31,8 @@ class NativeGPipe {
                        .checkpoint(checkpoint_mode(checkpoint))
                        .devices(devs)
                        .task_timeout(task_timeout)
-                       .intra_op_threads(intra_op_threads);
+                       .intra_op_threads(intra_op_threads)
+                       .deferred_linear(deferred_linear);
     gpipe_ = GPipe(sequential_of(layers_, training), options);
   }
 
@@ -74,9 +75,9 @@ class NativeGPipe {
 void bind_gpipe(py::module& m) {
   py::class_<NativeGPipe>(m, "GPipe", "The native GPipe runtime over pipetrain layers (see pipetrain.GPipe).")
       .def(py::init<std::vector<LayerPtr>, std::vector<int64_t>, const std::vector<std::string>&, int64_t,
-                    const std::string&, bool, double, int64_t>(),
+                    const std::string&, bool, double, int64_t, bool>(),
            py::arg("layers"), py::arg("balance"), py::arg("devices"), py::arg("chunks"), py::arg("checkpoint"),
-           py::arg("training"), py::arg("task_timeout"), py::arg("intra_op_threads"))
+           py::arg("training"), py::arg("task_timeout"), py::arg("intra_op_threads"), py::arg("deferred_linear"))
       .def("forward", &NativeGPipe::forward, py::arg("input"), py::arg("training"))
       .def_property_readonly("devices", &NativeGPipe::devices);
 }

@@ -413,3 +413,52 @@ def test_deepcopy_of_a_gpipe_model_source_still_works():
     gpipe = GPipe(model, [1, 1], devices=['cpu', 'cpu'], chunks=2)
     x = torch.rand(4, 4)
     assert torch.allclose(gpipe(x), twin(x))
+
+
+def test_retain_graph_needs_deferred_linear_off():
+    """nn.Linear layers take the fast path by default, whose kept inputs serve one backward:
+    retain_graph names the option; without the fast path two backwards add up as without GPipe."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(4, 4)
+    out = GPipe(model, balance=[2, 1], devices=['cpu', 'cpu'], chunks=2)(x).sum()
+    with pytest.raises(RuntimeError, match='deferred_linear=False'):
+        out.backward(retain_graph=True)
+
+    plain = copy.deepcopy(model)
+    gpipe = GPipe(model, balance=[2, 1], devices=['cpu', 'cpu'], chunks=2, deferred_linear=False)
+    for p in model.parameters():
+        p.grad = None
+    out = gpipe(x).sum()
+    out.backward(retain_graph=True)
+    out.backward()
+    ref = plain(x).sum()
+    ref.backward(retain_graph=True)
+    ref.backward()
+    for a, b in zip(model.parameters(), plain.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+def test_backward_runs_on_the_partition_workers():
+    """The backward of each partition runs on the thread that ran its forward, not the caller's."""
+    threads = {}
+
+    class Where(nn.Module):
+        def __init__(self, j):
+            super().__init__()
+            self.j = j
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x):
+            threads.setdefault(('forward', self.j), set()).add(threading.get_ident())
+            y = self.linear(x)
+            y.register_hook(lambda g: threads.setdefault(('backward', self.j), set()).add(threading.get_ident()))
+            return y
+
+    model = GPipe(nn.Sequential(Where(0), Where(1)), balance=[1, 1], devices=['cpu', 'cpu'], chunks=2,
+                  checkpoint='never')
+    model(torch.randn(4, 2)).sum().backward()
+    for j in (0, 1):
+        assert threads[('backward', j)] == threads[('forward', j)]
+        assert threading.get_ident() not in threads[('backward', j)]
+    assert threads[('backward', 0)] != threads[('backward', 1)]
