@@ -88,6 +88,13 @@ double saved_bytes(Forward&& forward, const torch::Tensor& x) {
   return static_cast<double>(counter.live_bytes() - static_cast<int64_t>(out.nbytes()));
 }
 
+// The last timed step's bubble, measured and simulated (GPipeImpl::last_step_bubble).
+void report_bubble(benchmark::State& state, const pipetrain::GPipeImpl& gpipe) {
+  const auto bubble = gpipe.last_step_bubble();
+  state.counters["bubble"] = bubble.measured;
+  state.counters["bubble_sim"] = bubble.simulated;
+}
+
 void BM_Plain(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   at::set_num_threads(threads);
@@ -109,6 +116,7 @@ void BM_GPipe(benchmark::State& state) {
                                       .intra_op_threads(std::max(1, cores / 2)));
   auto forward = [&](const torch::Tensor& x) { return gpipe->forward(x); };
   run_steps(state, *gpipe, forward, w);
+  report_bubble(state, *gpipe);
   state.counters["saved_MiB"] = saved_bytes(forward, w.x) / (1 << 20);
   state.SetLabel("checkpoint=" + pipetrain::to_string(mode));
 }
@@ -126,6 +134,7 @@ void BM_GPipe4(benchmark::State& state) {
                                       .intra_op_threads(std::max(1, cores / 4)));
   auto forward = [&](const torch::Tensor& x) { return gpipe->forward(x); };
   run_steps(state, *gpipe, forward, w);
+  report_bubble(state, *gpipe);
   state.SetLabel("mlp-4, checkpoint=" + pipetrain::to_string(mode));
 }
 

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <set>
 
 #include "pipetrain/batch/microbatch.h"
 #include "pipetrain/error.h"
@@ -11,6 +12,9 @@
 #include "pipetrain/runtime/dropout.h"
 #include "pipetrain/runtime/gemm.h"
 #include "pipetrain/runtime/pipeline_backward.h"
+#include "pipetrain/schedule/generate.h"
+#include "pipetrain/schedule/simulate.h"
+#include "pipetrain/schedule/trace.h"
 #include "pipetrain/skip/plan.h"
 
 namespace pipetrain {
@@ -149,9 +153,11 @@ Batch GPipeImpl::forward_batch(const Batch& input) {
   }
   const int64_t first_mb = next_mb_;
   next_mb_ += m;
+  auto timeline = std::make_shared<runtime::StepTimeline>();
+  last_timeline_ = timeline;
   try {
     runtime::run_pipeline(stages_, batches, checkpoint_stop, draw_seed(), *workers_, options_.task_timeout(),
-                          graph.get(), first_mb);
+                          graph.get(), first_mb, timeline);
   } catch (...) {
     for (auto& bn : deferred_) bn->discard();
     if (!workers_->abandoned()) {  // every task is done: what the step kept can go
@@ -173,6 +179,7 @@ Batch GPipeImpl::forward_batch(const Batch& input) {
   plan.caller_input = input;
   plan.stash_partition = stash_partitions_;
   plan.first_mb = first_mb;
+  plan.timeline = timeline;
   return runtime::attach_pipelined_backward(std::move(graph), std::move(plan), batches);
 }
 
@@ -184,6 +191,42 @@ bool GPipeImpl::needs_backward(const Batch& input) const {
     if (p.requires_grad()) return true;
   }
   return false;
+}
+
+std::vector<schedule::TimedEvent> GPipeImpl::last_step_events() const {
+  return last_timeline_ ? last_timeline_->events() : std::vector<schedule::TimedEvent>();
+}
+
+std::string GPipeImpl::chrome_trace() const {
+  schedule::TraceOptions options;
+  options.microseconds_per_unit = 1e6;  // seconds
+  options.process_name = "GPipe";
+  options.row_name = "partition";
+  return schedule::render_chrome_trace(last_step_events(), options);
+}
+
+GPipeImpl::Bubble GPipeImpl::last_step_bubble() const {
+  const auto events = last_step_events();
+  if (events.empty()) {
+    throw UsageError("GPipe::last_step_bubble: no step has run yet; call forward (and backward) first");
+  }
+  const auto n = static_cast<int>(num_partitions());
+  Bubble bubble;
+  bubble.measured = schedule::bubble_stats(events, n).overall;
+  // The simulator's fill-drain has whole backwards: a partition's weight-gradient products
+  // count as backward time of no micro-batch in particular.
+  std::vector<schedule::TimedEvent> costed = events;
+  std::set<int> micro_batches;
+  bool backward = false;
+  for (auto& e : costed) {
+    if (e.op == schedule::Op::backward_weight) e.op = schedule::Op::backward;
+    if (e.op == schedule::Op::forward) micro_batches.insert(e.micro_batch);
+    backward = backward || e.op == schedule::Op::backward;
+  }
+  const auto kind = backward ? schedule::ScheduleKind::fill_drain : schedule::ScheduleKind::inference;
+  const auto plan = schedule::generate(schedule::ScheduleOptions(kind, n, static_cast<int>(micro_batches.size())));
+  bubble.simulated = schedule::simulate(plan, schedule::estimate_costs(costed, n, 1)).bubble_overall;
+  return bubble;
 }
 
 std::shared_ptr<torch::nn::Module> GPipeImpl::operator[](int64_t index) const {

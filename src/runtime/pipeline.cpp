@@ -94,14 +94,50 @@ Batch forward_stage(const Stage& stage, const Batch& input, int64_t mb) {
   return batch;
 }
 
+void StepTimeline::record(int64_t partition, schedule::Op op, int64_t micro_batch,
+                          std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  schedule::TimedEvent e;
+  e.stage = static_cast<int>(partition);
+  e.op = op;
+  e.micro_batch = static_cast<int>(micro_batch);
+  e.start = std::chrono::duration<double>(from - start_).count() - shift_;
+  e.end = std::chrono::duration<double>(to - start_).count() - shift_;
+  events_.push_back(e);
+}
+
+void StepTimeline::backward_starts() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  double last = 0;
+  for (const auto& e : events_) last = std::max(last, e.end);
+  shift_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() - last;
+}
+
+std::vector<schedule::TimedEvent> StepTimeline::events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
 void run_ticks(const std::vector<Tick>& ticks, WorkerPool& workers, double task_timeout_s, const char* phase,
-               const TaskMaker& make, const ResultSink& sink) {
+               const TaskMaker& make, const ResultSink& sink, const std::shared_ptr<StepTimeline>& timeline,
+               schedule::Op op) {
   const auto budget = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(task_timeout_s));
   for (const Tick& tick : ticks) {
     std::vector<TaskResult<Batch>> results;
     results.reserve(tick.size());
-    for (const auto& [i, j] : tick) results.push_back(workers.submit<Batch>(j, make(i, j)));
+    for (const auto& [i, j] : tick) {
+      std::function<Batch()> task = make(i, j);
+      if (timeline) {
+        task = [task = std::move(task), timeline, op, i = i, j = j] {
+          const auto from = std::chrono::steady_clock::now();
+          Batch out = task();
+          timeline->record(j, op, i, from, std::chrono::steady_clock::now());
+          return out;
+        };
+      }
+      results.push_back(workers.submit<Batch>(j, std::move(task)));
+    }
     // Wait for every task of the tick, even after a failure (none may run on into the next
     // tick), each until the tick's deadline.
     const auto deadline = std::chrono::steady_clock::now() + budget;
@@ -125,7 +161,8 @@ void run_ticks(const std::vector<Tick>& ticks, WorkerPool& workers, double task_
 }
 
 void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches, int64_t checkpoint_stop,
-                  uint64_t seed, WorkerPool& workers, double task_timeout_s, StepGraph* graph, int64_t first_mb) {
+                  uint64_t seed, WorkerPool& workers, double task_timeout_s, StepGraph* graph, int64_t first_mb,
+                  std::shared_ptr<StepTimeline> timeline) {
   TORCH_INTERNAL_ASSERT(workers.size() == static_cast<int64_t>(stages.size()),
                         "one worker per stage");
   const auto m = static_cast<int64_t>(batches.size());
@@ -157,7 +194,8 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
     };
   };
   run_ticks(clock_cycles(m, static_cast<int64_t>(stages.size())), workers, task_timeout_s, "forward", make,
-            [&](int64_t i, int64_t, Batch output) { batches[i] = std::move(output); });
+            [&](int64_t i, int64_t, Batch output) { batches[i] = std::move(output); }, timeline,
+            schedule::Op::forward);
 }
 
 }  // namespace pipetrain::runtime

@@ -205,13 +205,19 @@ class GPipeBackward : public torch::autograd::Node {
     auto after = [&](int64_t i, int64_t j, Batch) {
       if (i != 0 || !has_fast_path(s.plan.stages[static_cast<size_t>(j)])) return;
       weight_tasks.emplace_back(j, s.plan.workers->submit<Batch>(j, [state = state_, j] {
+        const auto from = std::chrono::steady_clock::now();
         accumulate_weight_gradients(*state, j);
+        if (state->plan.timeline) {
+          state->plan.timeline->record(j, schedule::Op::backward_weight, -1, from, std::chrono::steady_clock::now());
+        }
         return Batch();
       }));
     };
     std::exception_ptr failure;
     try {
-      run_ticks(ticks, *s.plan.workers, s.plan.task_timeout_s, "backward", make, after);
+      if (s.plan.timeline) s.plan.timeline->backward_starts();
+      run_ticks(ticks, *s.plan.workers, s.plan.task_timeout_s, "backward", make, after, s.plan.timeline,
+                schedule::Op::backward);
     } catch (...) {
       failure = std::current_exception();
     }

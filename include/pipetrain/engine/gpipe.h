@@ -26,6 +26,7 @@
 #include "pipetrain/runtime/deferred_batch_norm.h"
 #include "pipetrain/runtime/pipeline.h"
 #include "pipetrain/runtime/worker.h"
+#include "pipetrain/schedule/timeline.h"
 
 namespace pipetrain {
 
@@ -104,6 +105,23 @@ class GPipeImpl : public torch::nn::Module {
   int64_t num_partitions() const { return static_cast<int64_t>(stages_.size()); }
   const torch::nn::Sequential& partition(int64_t j) const { return stages_.at(j).layers; }
 
+  // The last step's tasks (its forward, and its backward where one ran): one row per partition,
+  // seconds from the step's start, ops forward / backward (one micro-batch through one
+  // partition) and backward_weight (a partition's fast-path weight gradients, micro-batch -1).
+  // The caller's time between forward() and backward() is taken out. Render them with
+  // schedule::render_chrome_trace (chrome_trace() below) or schedule::bubble_stats.
+  std::vector<schedule::TimedEvent> last_step_events() const;
+  // The last step as a Chrome / Perfetto trace (JSON), rows "partition j".
+  std::string chrome_trace() const;
+  // The last step's bubble: measured (idle fraction of the partitions' rows over the step) and
+  // simulated (the fill-drain schedule of the same partitions and micro-batches run by the
+  // simulator with the costs the step measured, schedule/simulate.h).
+  struct Bubble {
+    double measured = 0;
+    double simulated = 0;
+  };
+  Bubble last_step_bubble() const;
+
   // GPipe manages placement: moving it to a device throws DeviceError; a dtype cast is fine.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Dtype dtype, bool non_blocking = false) override;
@@ -123,6 +141,7 @@ class GPipeImpl : public torch::nn::Module {
   // Started at the first forward; shared with the backward of each step (runtime/pipeline_backward.h).
   std::shared_ptr<runtime::WorkerPool> workers_;
   int64_t next_mb_ = 0;  // the next step's first micro-batch key (runtime::run_pipeline)
+  std::shared_ptr<runtime::StepTimeline> last_timeline_;  // the last step's (filled by its workers)
   // The partition that stashes each skip (for the backward's routing).
   std::vector<std::pair<skip::SkipKey, int64_t>> stash_partitions_;
   std::mutex forward_mutex_;                      // one forward at a time

@@ -26,7 +26,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <vector>
 
@@ -35,6 +37,7 @@
 #include "pipetrain/runtime/deferred_linear.h"
 #include "pipetrain/runtime/rng.h"
 #include "pipetrain/runtime/worker.h"
+#include "pipetrain/schedule/timeline.h"
 #include "pipetrain/skip/plan.h"
 
 namespace pipetrain::runtime {
@@ -59,6 +62,26 @@ Batch forward_stage(const Stage& stage, const Batch& input, int64_t mb);
 
 class StepGraph;  // runtime/pipeline_backward.h
 
+// When each task of one step ran: rows are partitions, times seconds from the step's start
+// (schedule/timeline.h), filled by the workers. The backward's events are moved back by the
+// caller's time between the end of forward() and the start of the backward, so the step reads
+// as the pipeline ran it.
+class StepTimeline {
+ public:
+  StepTimeline() : start_(std::chrono::steady_clock::now()) {}
+  void record(int64_t partition, schedule::Op op, int64_t micro_batch, std::chrono::steady_clock::time_point from,
+              std::chrono::steady_clock::time_point to);
+  // The backward starts now: later events are moved back to follow the forward's last one.
+  void backward_starts();
+  std::vector<schedule::TimedEvent> events() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::chrono::steady_clock::time_point start_;
+  double shift_ = 0;  // seconds taken off later events
+  std::vector<schedule::TimedEvent> events_;
+};
+
 // Runs every micro-batch through every stage, in place: batches[i] becomes the last stage's
 // output for micro-batch i. `workers` has one worker per stage.
 //
@@ -73,9 +96,10 @@ class StepGraph;  // runtime/pipeline_backward.h
 // TimeoutError naming partition and micro-batch, the pool is abandoned (WorkerPool::abandon;
 // the caller must not reuse it) and the late task, which owns what it uses, runs on alone.
 // Micro-batch i is keyed `first_mb + i` for the fast-path Linear layers (forward_stage).
+// With `timeline`, each task's run is recorded there.
 void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches, int64_t checkpoint_stop,
                   uint64_t seed, WorkerPool& workers, double task_timeout_s, StepGraph* graph = nullptr,
-                  int64_t first_mb = 0);
+                  int64_t first_mb = 0, std::shared_ptr<StepTimeline> timeline = nullptr);
 
 // The clock both halves of a step run on: the tasks of each tick are made on the calling
 // thread (`make(i, j)`), queued on worker j and all awaited, each until the tick's deadline,
@@ -84,7 +108,9 @@ void run_pipeline(const std::vector<Stage>& stages, std::vector<Batch>& batches,
 // `phase` ("forward", "backward"), the partition and the micro-batch, and abandons the pool.
 using TaskMaker = std::function<std::function<Batch()>(int64_t i, int64_t j)>;
 using ResultSink = std::function<void(int64_t i, int64_t j, Batch result)>;
+// With `timeline`, each task's run is recorded there as `op`.
 void run_ticks(const std::vector<Tick>& ticks, WorkerPool& workers, double task_timeout_s, const char* phase,
-               const TaskMaker& make, const ResultSink& sink);
+               const TaskMaker& make, const ResultSink& sink, const std::shared_ptr<StepTimeline>& timeline = nullptr,
+               schedule::Op op = schedule::Op::forward);
 
 }  // namespace pipetrain::runtime

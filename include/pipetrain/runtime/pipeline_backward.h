@@ -102,6 +102,7 @@ struct BackwardPlan {
   // Partition that stashes each crossing skip key (runtime/pipeline.cpp fills it from the plan).
   std::vector<std::pair<skip::SkipKey, int64_t>> stash_partition;
   int64_t first_mb = 0;  // the step's micro-batch keys for the fast-path Linear layers (run_pipeline)
+  std::shared_ptr<StepTimeline> timeline;  // where the backward's tasks are recorded (or null)
 };
 
 // The gathered output of the step (last partition's outputs, by micro-batch), attached to the
