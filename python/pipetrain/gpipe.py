@@ -23,6 +23,7 @@ from torch import nn
 from . import _C
 from ._layers import _has_hooks, layer_name, native_layer
 from .batchnorm import DeferredBatchNorm
+from .errors import UsageError
 from .skip.skippable import Skippable, verify_skippables
 
 __all__ = ['GPipe', 'verify_module', 'BalanceError']
@@ -242,6 +243,28 @@ class GPipe(nn.Module):
         for bn in self._deferred:
             bn.commit()
         return output
+
+    def _last_native(self):
+        if self._native is None:
+            raise UsageError('GPipe: no step has run yet; call the model (and backward) first')
+        return self._native
+
+    def last_step_events(self):
+        """The last step's tasks as dicts (partition, op: 'forward', 'backward' or
+        'backward_weight', micro_batch: -1 for a partition's weight gradients, start, end:
+        seconds from the step's start, the time between forward and backward taken out)."""
+        return [dict(partition=j, op=op, micro_batch=mb, start=t0, end=t1)
+                for j, op, mb, t0, t1 in self._last_native().last_step_events()]
+
+    def chrome_trace(self):
+        """The last step as a Chrome / Perfetto trace (a JSON string; rows "partition j")."""
+        return self._last_native().chrome_trace()
+
+    def last_step_bubble(self):
+        """{'measured': idle fraction of the partitions over the last step, 'simulated': the
+        simulator's for the fill-drain schedule with the costs that step measured}."""
+        measured, simulated = self._last_native().last_step_bubble()
+        return {'measured': measured, 'simulated': simulated}
 
 
 def _has_global_hooks():

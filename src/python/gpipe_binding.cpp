@@ -58,6 +58,20 @@ class NativeGPipe {
     return from_batch(out);
   }
 
+  std::string chrome_trace() const { return gpipe_->chrome_trace(); }
+  std::pair<double, double> last_step_bubble() const {
+    const auto bubble = gpipe_->last_step_bubble();
+    return {bubble.measured, bubble.simulated};
+  }
+  // (partition, op, micro-batch, start, end) per task of the last step.
+  std::vector<std::tuple<int, std::string, int, double, double>> last_step_events() const {
+    std::vector<std::tuple<int, std::string, int, double, double>> out;
+    for (const auto& e : gpipe_->last_step_events()) {
+      out.emplace_back(e.stage, schedule::op_name(e.op), e.micro_batch, e.start, e.end);
+    }
+    return out;
+  }
+
   std::vector<std::string> devices() const {
     std::vector<std::string> out;
     for (const auto& d : gpipe_->devices()) out.push_back(d.str());
@@ -79,7 +93,10 @@ void bind_gpipe(py::module& m) {
            py::arg("layers"), py::arg("balance"), py::arg("devices"), py::arg("chunks"), py::arg("checkpoint"),
            py::arg("training"), py::arg("task_timeout"), py::arg("intra_op_threads"), py::arg("deferred_linear"))
       .def("forward", &NativeGPipe::forward, py::arg("input"), py::arg("training"))
-      .def_property_readonly("devices", &NativeGPipe::devices);
+      .def_property_readonly("devices", &NativeGPipe::devices)
+      .def("chrome_trace", &NativeGPipe::chrome_trace)
+      .def("last_step_bubble", &NativeGPipe::last_step_bubble)
+      .def("last_step_events", &NativeGPipe::last_step_events);
 }
 
 }  // namespace pipetrain::python

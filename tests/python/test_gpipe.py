@@ -462,3 +462,24 @@ def test_backward_runs_on_the_partition_workers():
         assert threads[('backward', j)] == threads[('forward', j)]
         assert threading.get_ident() not in threads[('backward', j)]
     assert threads[('backward', 0)] != threads[('backward', 1)]
+
+
+def test_a_step_s_timeline_trace_and_bubble():
+    """Every task of the last step on its partition's row, in the clock's order; the trace and
+    the bubble (measured and simulated) from the same events. Counts and orderings only."""
+    model = GPipe(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), balance=[2, 1],
+                  devices=['cpu', 'cpu'], chunks=3, checkpoint='never')
+    with pytest.raises(pipetrain.UsageError, match='no step has run'):
+        model.last_step_bubble()
+    model(torch.randn(6, 4)).sum().backward()
+    events = model.last_step_events()
+    for j in (0, 1):
+        row = sorted((e for e in events if e['partition'] == j), key=lambda e: e['start'])
+        assert [e['micro_batch'] for e in row if e['op'] == 'forward'] == [0, 1, 2]
+        assert [e['micro_batch'] for e in row if e['op'] == 'backward'] == [2, 1, 0]
+        assert [e['micro_batch'] for e in row if e['op'] == 'backward_weight'] == [-1]
+    trace = json.loads(model.chrome_trace())
+    names = {e.get('name') for e in trace['traceEvents']}
+    assert {'F0', 'F2', 'B0', 'B2'} <= names
+    bubble = model.last_step_bubble()
+    assert 0 <= bubble['measured'] < 1 and 0 < bubble['simulated'] < 1
