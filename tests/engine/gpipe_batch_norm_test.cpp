@@ -85,8 +85,11 @@ TEST(GPipeBatchNorm, DeferredGradientsEqualPerMicroBatchNormalisation) {
   // on each micro-batch separately.
   auto model = bn_model(0.1);
   auto plain = testing::deep_copy(model);
+  // LibTorch's Linear, as the plain model's: a BatchNorm over 4 rows amplifies the last bits
+  // of another GEMM's sum order (the fast path's native kernel) past float32's tolerance here;
+  // the fast path's own transparency is tested without a BatchNorm after it.
   GPipe gpipe(model, GPipeOptions({2, 4}).chunks(4).deferred_batch_norm(true)
-                         .checkpoint(Checkpoint::Always));
+                         .checkpoint(Checkpoint::Always).deferred_linear(false));
   const torch::Tensor x = torch::randn({16, 3, 5, 5});
   const torch::Tensor y = torch::randn({16, 6});
   torch::mse_loss(gpipe->forward(x), y, torch::Reduction::Sum).backward();
@@ -103,7 +106,7 @@ TEST(GPipeBatchNorm, WithoutDeferralStatisticsFollowEachMicroBatch) {
   // checkpointed, again on recomputation; hence Never here).
   auto model = bn_model(0.1);
   auto plain = testing::deep_copy(model);
-  GPipe gpipe(model, GPipeOptions({3, 3}).chunks(4).checkpoint(Checkpoint::Never));
+  GPipe gpipe(model, GPipeOptions({3, 3}).chunks(4).checkpoint(Checkpoint::Never).deferred_linear(false));
   const torch::Tensor x = torch::randn({16, 3, 5, 5});
   gpipe->forward(x).sum().backward();
   for (int64_t i = 0; i < 4; ++i) plain->forward(x.narrow(0, 4 * i, 4)).sum().backward();
