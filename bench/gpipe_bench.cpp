@@ -105,38 +105,30 @@ void BM_Plain(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
-void BM_GPipe(benchmark::State& state) {
+// GPipe over `balance` with range(0) as its checkpoint mode; each worker and the caller get
+// cores / partitions OpenMP threads. Reports the last step's bubble.
+void run_gpipe(benchmark::State& state, std::vector<int64_t> balance, const std::string& label, bool saved) {
   const auto mode = static_cast<pipetrain::Checkpoint>(state.range(0));
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  at::set_num_threads(std::max(1, cores / 2));
+  const int threads = std::max(1, cores / static_cast<int>(balance.size()));
+  at::set_num_threads(threads);
   Workload w = make_mlp();
-  pipetrain::GPipe gpipe(w.model, pipetrain::GPipeOptions({16, 16})
+  pipetrain::GPipe gpipe(w.model, pipetrain::GPipeOptions(std::move(balance))
                                       .chunks(8)
                                       .checkpoint(mode)
-                                      .intra_op_threads(std::max(1, cores / 2)));
+                                      .intra_op_threads(threads));
   auto forward = [&](const torch::Tensor& x) { return gpipe->forward(x); };
   run_steps(state, *gpipe, forward, w);
   report_bubble(state, *gpipe);
-  state.counters["saved_MiB"] = saved_bytes(forward, w.x) / (1 << 20);
-  state.SetLabel("checkpoint=" + pipetrain::to_string(mode));
+  if (saved) state.counters["saved_MiB"] = saved_bytes(forward, w.x) / (1 << 20);
+  state.SetLabel(label + "checkpoint=" + pipetrain::to_string(mode));
 }
+
+void BM_GPipe(benchmark::State& state) { run_gpipe(state, {16, 16}, "", /*saved=*/true); }
 
 // Workload "mlp-4": four partitions {8, 8, 8, 8} on the same cores (more partitions than cores:
 // what the pipelined backward and the weight-gradient products do when workers share a core).
-void BM_GPipe4(benchmark::State& state) {
-  const auto mode = static_cast<pipetrain::Checkpoint>(state.range(0));
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  at::set_num_threads(std::max(1, cores / 4));
-  Workload w = make_mlp();
-  pipetrain::GPipe gpipe(w.model, pipetrain::GPipeOptions({8, 8, 8, 8})
-                                      .chunks(8)
-                                      .checkpoint(mode)
-                                      .intra_op_threads(std::max(1, cores / 4)));
-  auto forward = [&](const torch::Tensor& x) { return gpipe->forward(x); };
-  run_steps(state, *gpipe, forward, w);
-  report_bubble(state, *gpipe);
-  state.SetLabel("mlp-4, checkpoint=" + pipetrain::to_string(mode));
-}
+void BM_GPipe4(benchmark::State& state) { run_gpipe(state, {8, 8, 8, 8}, "mlp-4, ", /*saved=*/false); }
 
 // GPipe (no checkpointing) with the balance [k, 32 - k] for k = range(0), or for k = 0 the
 // automatic balance by time (profiled on one 32-row micro-batch, as the pipeline runs it).

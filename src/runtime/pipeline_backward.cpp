@@ -51,9 +51,9 @@ struct BackwardState {
   // What the fast-path Linear layers keep for this step's micro-batches goes with the step,
   // dropped on each partition's worker (the only thread that touches them).
   ~BackwardState() {
-    if (!plan.workers) return;
+    if (!plan.workers || !graph) return;
     std::vector<int64_t> mbs;
-    for (int64_t i = 0; i < graph_micro_batches; ++i) mbs.push_back(plan.first_mb + i);
+    for (int64_t i = 0; i < graph->micro_batches(); ++i) mbs.push_back(plan.first_mb + i);
     for (size_t j = 0; j < plan.stages.size(); ++j) {
       if (!has_fast_path(plan.stages[j])) continue;
       auto fast = plan.stages[j].fast;
@@ -65,7 +65,6 @@ struct BackwardState {
       });
     }
   }
-  int64_t graph_micro_batches = 0;
   std::shared_ptr<StepGraph> graph;
   BackwardPlan plan;
   std::vector<int64_t> input_positions;            // caller input positions with an edge
@@ -329,7 +328,6 @@ Batch attach_pipelined_backward(std::shared_ptr<StepGraph> graph, BackwardPlan p
     values[k] = out;
     state->output_positions.push_back(static_cast<int64_t>(k));
   }
-  state->graph_micro_batches = graph->micro_batches();
   state->graph = std::move(graph);
   state->plan = std::move(plan);
   return gathered.with(std::move(values));
